@@ -1,0 +1,342 @@
+"""Configuration: declared once as frozen dataclasses, loaded from TOML, validated completely.
+
+Every field carries its default next to it and a short comment that the README reuses. Unknown
+keys, wrong types and cross-field conflicts raise `ConfigError` naming the key and the fix, so a
+bad config stops the daemon with one line before it touches anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import ConfigError
+
+DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
+DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
+WEBHOOK_ENV = "VLLM_SUPERVISOR_SLACK_WEBHOOK_URL"
+WEBHOOK_CREDENTIAL = "slack-webhook"
+
+# systemd unit names: "name.type" with an optional "@instance" (systemd.unit(5)).
+_UNIT_NAME = re.compile(
+    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\."
+    r"(service|socket|target|device|mount|automount|swap|path|timer|slice|scope)$"
+)
+
+
+class Secret(str):
+    """A string that never shows itself in a repr, a log line or an error message."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    def __str__(self) -> str:
+        return "********"
+
+    @property
+    def value(self) -> str:
+        """The secret itself, for the one place that must send it."""
+        return str.__str__(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitConfig:
+    """One supervised unit and its own settings."""
+
+    name: str  # the systemd unit, e.g. "vllm.service"
+    unknown_repeat_limit: int = 3  # halt when the same unknown crash ends this many invocations
+    dry_run: bool = False  # decide and report, never stop this unit
+    signature_sets: tuple[str, ...] = ()  # signature domains to use (file stems); empty = all
+    health_url: str | None = None  # loopback URL that answers 2xx while the engine serves
+    hang_grace_s: float = 30.0  # an engine death with the unit still active for this long = hang
+    port: int | None = None  # the port the server binds, checked by `preflight`
+    python: str | None = None  # the served unit's interpreter; default: read from ExecStart
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalConfig:
+    """Where and how the journal is read."""
+
+    directory: Path | None = None  # a journal directory (journalctl -D); None = system journal
+    journalctl: str = "journalctl"  # the journalctl binary
+    start_at: str = "auto"  # with no saved cursor: "head", "tail" or "auto" (tail; head for -D)
+    restart_backoff_s: float = 1.0  # first wait before restarting a dead reader (doubles)
+    restart_backoff_max_s: float = 30.0  # the longest wait between reader restarts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerConfig:
+    """Memory caps of one invocation's kept lines."""
+
+    head_lines: int = 200  # the first lines of an invocation, always kept
+    tail_lines: int = 400  # the last lines before it ended, always kept
+    max_error_lines: int = 2000  # error-level lines and tracebacks kept in between
+    max_line_chars: int = 16384  # a longer line is cut to this many characters
+    max_open_invocations: int = 16  # per unit; the oldest open one is closed past this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateConfig:
+    """Where state lives."""
+
+    state_dir: Path = DEFAULT_STATE_DIR  # SQLite database: cursor, history, outbox
+    runtime_dir: Path = DEFAULT_RUNTIME_DIR  # quarantine records read by `gate`
+    persistent_quarantine: bool = False  # keep halts across reboots (state_dir instead of runtime)
+    on_bad_cursor: str = "tail"  # a saved cursor from another journal: "tail" or "head"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlackConfig:
+    """Slack incoming webhook; off when no URL is configured anywhere."""
+
+    webhook_url: Secret | None = None  # or env VLLM_SUPERVISOR_SLACK_WEBHOOK_URL / credential
+    webhook_url_file: Path | None = None  # a file holding the URL (e.g. a systemd credential)
+    notify_transient: bool = True  # also post transient crashes (grouped per interval)
+    group_interval_s: float = 600.0  # transient crashes of one signature: one message per interval
+    timeout_s: float = 10.0  # one HTTP attempt
+    max_attempts: int = 8  # per message, before it is marked failed
+    backoff_max_s: float = 300.0  # longest wait between attempts
+    min_interval_s: float = 1.0  # at most one message per this many seconds per webhook
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsConfig:
+    """The Prometheus endpoint (/metrics and /healthz)."""
+
+    enabled: bool = True
+    listen: str = "127.0.0.1:9464"  # host:port; loopback by default
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemdConfig:
+    """How the daemon talks to systemd."""
+
+    enabled: bool = True  # False: never call systemd (triage, tests without a bus)
+    stop_timeout_s: float = 10.0  # one D-Bus call
+    stop_attempts: int = 5  # StopUnit retries within bounds
+    watchdog: bool = True  # send WATCHDOG=1 when systemd asks for it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriftConfig:
+    """Environment recorded at each start of a served unit."""
+
+    packages: tuple[str, ...] = (
+        "vllm",
+        "sglang",
+        "text-generation-server",
+        "torch",
+        "flashinfer-python",
+        "flashinfer-cubin",
+        "flashinfer-jit-cache",
+        "triton",
+        "transformers",
+        "tokenizers",
+        "xformers",
+        "nvidia-nccl-cu12",
+        "nvidia-cuda-runtime-cu12",
+        "nvidia-cudnn-cu12",
+        "ray",
+    )
+    good_start_s: float = 600.0  # an invocation that ran this long counts as a good start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignaturesConfig:
+    """The signature table."""
+
+    paths: tuple[Path, ...] = ()  # TOML files or directories; empty = the shipped table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """The whole daemon configuration."""
+
+    units: tuple[UnitConfig, ...] = ()
+    dry_run: bool = False  # decide and report for every unit, never stop one
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    slack: SlackConfig = field(default_factory=SlackConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    systemd: SystemdConfig = field(default_factory=SystemdConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
+    signatures: SignaturesConfig = field(default_factory=SignaturesConfig)
+
+    def unit(self, name: str) -> UnitConfig:
+        """The settings of one unit; defaults for a unit not in the config."""
+        for unit in self.units:
+            if unit.name == name:
+                return unit
+        return UnitConfig(name=name)
+
+    def is_dry_run(self, unit: str) -> bool:
+        """True when decisions about `unit` are only reported."""
+        return self.dry_run or self.unit(unit).dry_run
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate a config file; None gives the defaults."""
+    if path is None:
+        return validate(Config())
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        config = _build(Config, raw, "")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    base = path.parent
+    config = dataclasses.replace(
+        config,
+        signatures=SignaturesConfig(
+            paths=tuple(p if p.is_absolute() else base / p for p in config.signatures.paths)
+        ),
+    )
+    try:
+        return validate(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def validate(config: Config) -> Config:
+    """Check the rules that span fields; return the config unchanged."""
+    names = [u.name for u in config.units]
+    for index, name in enumerate(names):
+        if not _UNIT_NAME.match(name):
+            raise ConfigError(
+                f"unit[{index}].name: {name!r} is not a systemd unit name (e.g. 'vllm.service')"
+            )
+        if names.count(name) > 1:
+            raise ConfigError(f"unit[{index}].name: {name!r} is listed twice")
+    for index, unit in enumerate(config.units):
+        _positive(f"unit[{index}].unknown_repeat_limit", unit.unknown_repeat_limit)
+        _positive(f"unit[{index}].hang_grace_s", unit.hang_grace_s)
+        if unit.port is not None and not 0 < unit.port < 65536:
+            raise ConfigError(f"unit[{index}].port: must be 1..65535 (got {unit.port})")
+    if config.journal.start_at not in ("auto", "head", "tail"):
+        raise ConfigError(
+            f"journal.start_at: must be 'auto', 'head' or 'tail' (got {config.journal.start_at!r})"
+        )
+    if config.state.on_bad_cursor not in ("head", "tail"):
+        raise ConfigError(
+            f"state.on_bad_cursor: must be 'head' or 'tail' (got {config.state.on_bad_cursor!r})"
+        )
+    for key in ("head_lines", "tail_lines", "max_error_lines", "max_line_chars"):
+        _positive(f"tracker.{key}", getattr(config.tracker, key))
+    _positive("journal.restart_backoff_s", config.journal.restart_backoff_s)
+    _positive("slack.timeout_s", config.slack.timeout_s)
+    _positive("slack.max_attempts", config.slack.max_attempts)
+    if config.slack.webhook_url is not None and config.slack.webhook_url_file is not None:
+        raise ConfigError(
+            "slack: at most one of webhook_url and webhook_url_file may be set (remove one)"
+        )
+    if config.slack.webhook_url is not None and not config.slack.webhook_url.value.startswith(
+        ("https://", "http://")
+    ):
+        raise ConfigError("slack.webhook_url: must be an http(s) URL (value not shown)")
+    parse_listen(config.metrics.listen, key="metrics.listen")
+    return config
+
+
+def parse_listen(value: str, *, key: str = "--metrics-listen") -> tuple[str, int]:
+    """Split HOST:PORT (IPv6 hosts in brackets) and check the port."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{key}: expected HOST:PORT such as 127.0.0.1:9464 (got {value!r})")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def resolve_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ) -> Secret | None:
+    """The webhook URL from the config, its file, the environment or a systemd credential."""
+    if config.webhook_url is not None:
+        return config.webhook_url
+    path = config.webhook_url_file
+    if path is None and environ.get(WEBHOOK_ENV):
+        return Secret(environ[WEBHOOK_ENV].strip())
+    if path is None and environ.get("CREDENTIALS_DIRECTORY"):
+        candidate = Path(environ["CREDENTIALS_DIRECTORY"]) / WEBHOOK_CREDENTIAL
+        path = candidate if candidate.exists() else None
+    if path is None:
+        return None
+    try:
+        return Secret(path.read_text(encoding="utf-8").strip())
+    except OSError as exc:
+        raise ConfigError(f"slack.webhook_url_file: cannot read {path}: {exc.strerror}") from exc
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{key}: must be > 0 (got {value})")
+
+
+def _build(cls: type[Any], raw: Any, prefix: str) -> Any:
+    """Turn a TOML table into the dataclass `cls`, rejecting unknown keys and wrong types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a table")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    aliases = {"unit": "units"} if cls is Config else {}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = aliases.get(key, key)
+        if name not in known:
+            choices = ", ".join(sorted(known))
+            raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {choices})")
+        kwargs[name] = _convert(hints[name], value, f"{prefix}{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {exc}") from exc
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:  # noqa: PLR0911 - one branch per type
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if type(None) in args and value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, f"{key}.")
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list (got {type(value).__name__})")
+        return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if hint is Path:
+        return Path(_expect(str, value, key))
+    if hint is Secret:
+        return Secret(_expect(str, value, key))
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number (got {value!r})")
+        return float(value)
+    return _expect(hint, value, key)
+
+
+def _expect(kind: type[Any], value: Any, key: str) -> Any:
+    # bool is an int in Python; a TOML `true` must not pass as a count.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {kind.__name__} (got {value!r})")
+    return value
+
+
+def with_units(config: Config, names: Sequence[str]) -> Config:
+    """Add units given on the command line (`--unit`), with default settings."""
+    known = {u.name for u in config.units}
+    extra = tuple(UnitConfig(name=n) for n in names if n not in known)
+    return validate(dataclasses.replace(config, units=config.units + extra))

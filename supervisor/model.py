@@ -1,0 +1,179 @@
+"""The data that flows through the pipeline: source -> tracker -> classifier -> policy.
+
+Every value is an immutable, slotted dataclass so a stage can never change what an earlier
+stage produced, and so the same objects serve the live daemon, `triage` and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class Severity(StrEnum):
+    """How a crash behaves under a restart."""
+
+    FATAL = "fatal"  # the same crash recurs until a person acts
+    TRANSIENT = "transient"  # a restart may work
+    UNKNOWN = "unknown"  # no signature matched
+
+
+class Action(StrEnum):
+    """What the policy decided to do about an ended invocation."""
+
+    HALT = "halt"
+    ALLOW_RESTART = "allow-restart"
+    OBSERVE = "observe"
+
+
+class LifecycleEvent(StrEnum):
+    """systemd's messages about a unit, recognised by MESSAGE_ID (never by text)."""
+
+    PROCESS_EXITED = "98e322203f7a4ed290d09fe03c09fe15"
+    UNIT_FAILED = "d9b373ed55a64feb8242e02dbe79a49c"
+    RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
+    JOB_STARTED = "39f53479d3a045ac8e11786248231fbf"
+    JOB_STOPPED = "9d1aaa27d60140bd96365438aad20286"
+    DEACTIVATED = "7ad2d189f7e94e70a38c781354912448"
+    CONDITION_SKIPPED = "0e4284a0caca4bfc81c0bb6786972673"
+    OOM_KILLED = "fe6faa94e7774663a0da52717891d8ef"
+    SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JournalEntry:
+    """One decoded journal entry, reduced to the fields the pipeline reads.
+
+    `unit` is the supervised unit the entry is *about*: `_SYSTEMD_UNIT` for the service's own
+    lines, `UNIT` for PID 1's lifecycle messages. `invocation_id` likewise comes from
+    `_SYSTEMD_INVOCATION_ID` or `INVOCATION_ID`.
+    """
+
+    cursor: str
+    realtime_us: int
+    message: str
+    unit: str | None = None
+    invocation_id: str | None = None
+    pid: int | None = None
+    priority: int | None = None
+    message_id: str | None = None
+    from_pid1: bool = False
+    # Lifecycle fields (EXIT_CODE, EXIT_STATUS, UNIT_RESULT, N_RESTARTS, JOB_RESULT, ...).
+    fields: Mapping[str, str] = field(default=EMPTY)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogLine:
+    """A line the service printed, kept in an invocation for the classifier."""
+
+    text: str
+    pid: int | None = None
+    priority: int | None = None
+    realtime_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Invocation:
+    """One start of a unit (one systemd invocation id) and how it ended."""
+
+    unit: str | None
+    invocation_id: str | None
+    lines: tuple[LogLine, ...]
+    total_lines: int = 0  # lines seen, including those not kept
+    dropped_lines: int = 0  # lines not kept because of the memory caps
+    suppressed_lines: int = 0  # lines journald's rate limit dropped ("Suppressed N messages")
+    exit_code: str | None = None  # exited | killed | dumped
+    exit_status: int | None = None
+    result: str | None = None  # success | exit-code | signal | core-dump | oom-kill | ...
+    restarts: int | None = None  # systemd's restart counter after this invocation
+    oom_killed: bool = False
+    hung: bool = False  # the engine died while the unit stayed active
+    started_us: int | None = None
+    ended_us: int | None = None
+    first_cursor: str | None = None
+    last_cursor: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """True when systemd itself saw a failure (non-zero exit, signal, OOM, failed result)."""
+        if self.oom_killed or self.hung:
+            return True
+        if self.result is not None and self.result != "success":
+            return True
+        if self.exit_code is not None and self.exit_code != "exited":
+            return True
+        return self.exit_status not in (None, 0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """What the classifier concluded about an invocation's lines."""
+
+    signature: str | None
+    severity: Severity
+    title: str
+    root_cause: str | None
+    crash_site: str | None = None
+    captures: Mapping[str, str] = field(default=EMPTY)
+    remediation: str | None = None
+    fingerprint: str | None = None
+    # True when the lines show a crash (a traceback, an error-level cause, a matched signature),
+    # which is how an invocation that exited 0 after its engine died is still seen as a crash.
+    crashed: bool = False
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The `verdict` object of the triage/history JSON contract (DESIGN.md §4)."""
+        return {
+            "signature": self.signature,
+            "severity": self.severity.value,
+            "title": self.title,
+            "root_cause": self.root_cause,
+            "crash_site": self.crash_site,
+            "captures": dict(self.captures),
+            "remediation": self.remediation,
+            "fingerprint": self.fingerprint,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What to do about an ended invocation, and why."""
+
+    action: Action
+    reason: str
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The `decision` object of the triage/history JSON contract."""
+        return {"action": self.action.value, "reason": self.reason, "dry_run": self.dry_run}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """One ended invocation with its verdict and decision: what triage prints and history keeps."""
+
+    invocation: Invocation
+    verdict: Verdict
+    decision: Decision
+
+    def to_json(self) -> dict[str, Any]:
+        """One element of the `invocations` list of the triage/history JSON contract."""
+        inv = self.invocation
+        return {
+            "unit": inv.unit,
+            "invocation_id": inv.invocation_id,
+            "exit_code": inv.exit_code,
+            "exit_status": inv.exit_status,
+            "result": inv.result,
+            "restarts": inv.restarts,
+            "lines": inv.total_lines,
+            "verdict": self.verdict.to_json(),
+            "decision": self.decision.to_json(),
+        }

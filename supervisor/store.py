@@ -1,0 +1,167 @@
+"""The state database (SQLite): journal checkpoint, policy state, crash history, outbox.
+
+Everything one handled batch changes is committed in **one transaction**: the new cursor, the
+invocations it classified, the policy's per-unit memory and the notifications it queued. A crash
+of the supervisor at any point therefore either keeps all of a batch or none of it, and the
+batch is read again from the previous cursor: every entry is handled exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import StateError
+from supervisor.model import Outcome
+
+DATABASE_NAME = "state.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS unit_state (unit TEXT PRIMARY KEY, state TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS history (
+    id INTEGER PRIMARY KEY,
+    unit TEXT,
+    invocation_id TEXT,
+    time REAL NOT NULL,
+    outcome TEXT NOT NULL,
+    notified INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (unit, invocation_id)
+);
+"""
+
+Writer = Callable[[sqlite3.Connection], None]
+"""Extra work to run inside a batch's transaction (e.g. queueing notifications)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """Where reading resumes.
+
+    `cursor` is the last entry fully handled. `replay_from` is the first entry of the oldest
+    invocation still open at that point: reading restarts there so the open invocation's lines
+    are tracked again, but nothing up to `cursor` is acted on a second time.
+    """
+
+    cursor: str | None = None
+    replay_from: str | None = None
+
+
+class Store:
+    """One SQLite database in the state directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            self.connection = sqlite3.connect(path, isolation_level=None, timeout=10)
+            self.connection.execute("PRAGMA journal_mode=WAL")
+            # FULL: a committed cursor survives power loss, not only a crash of the process.
+            self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot open the state database: {exc}") from exc
+        except OSError as exc:
+            raise StateError(f"{path.parent}: cannot create the state directory: {exc}") from exc
+
+    @classmethod
+    def in_directory(cls, state_dir: Path) -> Store:
+        """Open (or create) the database in `state_dir`."""
+        return cls(state_dir / DATABASE_NAME)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.connection.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write; errors become `StateError`."""
+        try:
+            self.connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.connection
+            except BaseException:
+                self.connection.execute("ROLLBACK")
+                raise
+            self.connection.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+            raise StateError(f"{self.path}: write failed: {exc}") from exc
+
+    def load_checkpoint(self) -> Checkpoint:
+        """The saved checkpoint, or an empty one."""
+        rows = dict(self._query("SELECT key, value FROM meta WHERE key IN ('cursor','replay')"))
+        return Checkpoint(cursor=rows.get("cursor"), replay_from=rows.get("replay"))
+
+    def load_unit_states(self) -> dict[str, dict[str, Any]]:
+        """The policy's saved memory per unit."""
+        return {u: json.loads(s) for u, s in self._query("SELECT unit, state FROM unit_state")}
+
+    def commit_batch(
+        self,
+        *,
+        checkpoint: Checkpoint,
+        outcomes: Sequence[Outcome] = (),
+        unit_states: Mapping[str, Mapping[str, Any]] | None = None,
+        extra: Sequence[Writer] = (),
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        """Commit everything one batch changed, atomically."""
+        with self.transaction() as db:
+            for key, value in (("cursor", checkpoint.cursor), ("replay", checkpoint.replay_from)):
+                if value is None:
+                    db.execute("DELETE FROM meta WHERE key = ?", (key,))
+                else:
+                    db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            for unit, state in (unit_states or {}).items():
+                db.execute("INSERT OR REPLACE INTO unit_state VALUES (?, ?)", (unit, _dump(state)))
+            for outcome in outcomes:
+                inv = outcome.invocation
+                db.execute(
+                    "INSERT OR IGNORE INTO history (unit, invocation_id, time, outcome) "
+                    "VALUES (?, ?, ?, ?)",
+                    (inv.unit, inv.invocation_id, now(), _dump(outcome.to_json())),
+                )
+            for write in extra:
+                write(db)
+
+    def mark_notified(self, unit: str | None, invocation_id: str | None) -> None:
+        """Record that an invocation's message was delivered."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
+                (unit, invocation_id),
+            )
+
+    def history(self, unit: str | None = None) -> list[dict[str, Any]]:
+        """Every classified invocation, oldest first, in the triage JSON shape plus time/notified."""
+        sql = "SELECT time, outcome, notified FROM history"
+        args: tuple[Any, ...] = ()
+        if unit is not None:
+            sql += " WHERE unit = ?"
+            args = (unit,)
+        result = []
+        for when, outcome, notified in self._query(sql + " ORDER BY id", args):
+            item = json.loads(outcome)
+            item["time"] = datetime.fromtimestamp(when, UTC).isoformat()
+            item["notified"] = bool(notified)
+            result.append(item)
+        return result
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            return self.connection.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StateError(f"{self.path}: read failed: {exc}") from exc
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
