@@ -1,0 +1,318 @@
+"""Every Prometheus series the supervisor exports, declared in one place.
+
+`Metrics(registry)` receives its `CollectorRegistry` (tests use a fresh one) and pre-creates each
+series whose labels are known, so a rate() or an alert sees 0 before the first event (the idea of
+Alertmanager's `InitializeFor`). Label values come only from bounded sets: configured units,
+signature ids of the loaded table, enums and code-defined reasons. Anything else becomes
+"unknown" or "other", never raw text. This is the only module that imports prometheus_client.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+# This module is the one place allowed to use prometheus_client (ruff TID251 bans it elsewhere).
+from prometheus_client import (  # noqa: TID251
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.exposition import (  # noqa: TID251
+    CONTENT_TYPE_PLAIN_0_0_4,
+    generate_latest,
+)
+
+from supervisor import __version__
+from supervisor.model import Action, Outcome, Severity
+
+# `*_created` gauges double every counter's series and nothing of ours reads them. This is
+# process-wide, which is acceptable because no other module may use prometheus_client.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+PREFIX = "vllm_supervisor_"
+UNKNOWN = "unknown"
+OTHER = "other"
+
+NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped")
+"""Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
+
+SOURCE_RESTART_REASONS = ("exited", "error", "stalled", "rotated", "other")
+ENTRY_INVALID_REASONS = ("invalid_json", "invalid_field", "missing_field", "other")
+HALT_REASONS = ("fatal_signature", "unknown_repeat", "other")
+HALT_FAILED_REASONS = ("timeout", "dbus", "quarantine", "other")
+STATE_ERROR_REASONS = ("read", "write", "other")
+MAX_UNITS = 64  # a unit seen in the journal but never registered is accepted up to this many
+
+# A code-defined reason: short snake_case. Everything else is folded into "other".
+_REASON = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+_UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
+_SIGNATURE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_CLASSIFY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """The supervisor's metrics on an injected registry; one method per thing that happened."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry if registry is not None else new_registry()
+        self._now = now
+        self._units: set[str] = set()
+        self._signatures: set[str] = set()
+        self._severities: dict[str, str] = {}
+        self.is_following = False
+        self._declare_journal()
+        self._declare_crashes()
+        self._declare_actions()
+        self._declare_state()
+        self._init_reasons()
+
+    # -- declarations -------------------------------------------------------------------------
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(PREFIX + name, doc, labelnames=labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(PREFIX + name, doc, labelnames=labels, registry=self.registry)
+
+    def _declare_journal(self) -> None:
+        self._build = self._gauge("build_info", "Version of the running supervisor.", ["version"])
+        self._build.labels(__version__).set(1)
+        self._entries = self._counter("journal_entries_total", "Journal entries read.")
+        self._lag = self._gauge(
+            "journal_lag_seconds", "Age of the newest journal entry read, at the time it was read."
+        )
+        self._following = self._gauge(
+            "journal_following", "1 while the journal source follows the journal, else 0."
+        )
+        self._source_restarts = self._counter(
+            "journal_source_restarts_total", "Restarts of the journal reader.", ["reason"]
+        )
+        self._invalid = self._counter(
+            "journal_entries_invalid_total", "Journal entries skipped as invalid.", ["reason"]
+        )
+
+    def _declare_crashes(self) -> None:
+        self._crashes = self._counter(
+            "crashes_total",
+            "Ended invocations classified as crashes.",
+            ["unit", "signature", "severity"],
+        )
+        self._restarts = self._gauge(
+            "unit_restarts", "systemd's restart counter of the unit, as last seen.", ["unit"]
+        )
+        self._last_crash = self._gauge(
+            "last_crash_timestamp_seconds", "Unix time of the unit's last crash.", ["unit"]
+        )
+        self._decisions = self._counter(
+            "decisions_total",
+            "Policy decisions about ended invocations (dry_run: decided but never acted on).",
+            ["unit", "signature", "action", "dry_run"],
+        )
+        self._classify = Histogram(
+            PREFIX + "classify_duration_seconds",
+            "Time to classify one ended invocation.",
+            buckets=_CLASSIFY_BUCKETS,
+            registry=self.registry,
+        )
+        self._sig_loaded = self._gauge(
+            "signature_table_loaded", "1 when the signature table loaded, else 0."
+        )
+        self._sig_count = self._gauge(
+            "signature_table_signatures", "Signatures in the loaded table."
+        )
+
+    def _declare_actions(self) -> None:
+        self._halts = self._counter("halts_total", "Units halted.", ["unit", "reason"])
+        self._halt_failures = self._counter(
+            "halt_failures_total", "Halts that failed.", ["unit", "reason"]
+        )
+        self._halt_latency = Histogram(
+            PREFIX + "halt_latency_seconds",
+            "Time from the end of the crashed invocation to the unit being halted.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._halted = self._gauge(
+            "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
+        )
+        self._notifications = self._counter(
+            "notifications_total", "Slack notifications by outcome.", ["outcome"]
+        )
+        self._outbox = self._gauge("outbox_depth", "Notifications waiting for delivery.")
+
+    def _declare_state(self) -> None:
+        self._state_errors = self._counter(
+            "state_errors_total", "Failures of the state database.", ["reason"]
+        )
+
+    def _init_reasons(self) -> None:
+        for reason in SOURCE_RESTART_REASONS:
+            self._source_restarts.labels(reason)
+        for reason in ENTRY_INVALID_REASONS:
+            self._invalid.labels(reason)
+        for outcome in NOTIFICATION_OUTCOMES:
+            self._notifications.labels(outcome)
+        for reason in STATE_ERROR_REASONS:
+            self._state_errors.labels(reason)
+        self._init_unit(UNKNOWN)
+
+    # -- bounded label values -----------------------------------------------------------------
+
+    def _unit(self, unit: str | None) -> str:
+        """A unit label: registered units, or a valid unit name while under the cap."""
+        if unit is None:
+            return UNKNOWN
+        if unit in self._units:
+            return unit
+        if _UNIT.match(unit) and len(self._units) < MAX_UNITS:
+            self._init_unit(unit)
+            return unit
+        return OTHER
+
+    def _signature(self, signature: str | None) -> str:
+        """A signature label: an id of the loaded table; "unknown" for none; else "other"."""
+        if signature is None:
+            return UNKNOWN
+        if signature in self._signatures:
+            return signature
+        if not self._signatures and _SIGNATURE.match(signature):
+            return signature  # no table registered (e.g. in a test): ids are still code-bounded
+        return OTHER
+
+    @staticmethod
+    def _reason(reason: str, known: Iterable[str] = ()) -> str:
+        return reason if reason in known or _REASON.match(reason) else OTHER
+
+    def _init_unit(self, unit: str) -> None:
+        self._units.add(unit)
+        self._crashes.labels(unit, UNKNOWN, Severity.UNKNOWN.value)
+        for signature, severity in self._severities.items():
+            self._crashes.labels(unit, signature, severity)
+        for action in Action:
+            for dry in ("false", "true"):
+                self._decisions.labels(unit, UNKNOWN, action.value, dry)
+        if unit == UNKNOWN:
+            return
+        self._halted.labels(unit).set(0)
+        for reason in HALT_REASONS:
+            self._halts.labels(unit, reason)
+        for reason in HALT_FAILED_REASONS:
+            self._halt_failures.labels(unit, reason)
+
+    # -- the daemon's calls ---------------------------------------------------------------------
+
+    def register_units(self, units: Iterable[str]) -> None:
+        """Pre-create every per-unit series of the supervised units."""
+        for unit in units:
+            self._init_unit(unit)
+
+    def signature_table(
+        self,
+        ids: Sequence[str],
+        loaded: bool,
+        *,
+        severities: Mapping[str, str] | None = None,
+    ) -> None:
+        """Record the loaded signature table; its ids become the allowed `signature` labels."""
+        self._signatures = set(ids)
+        self._severities = dict(severities or {})
+        self._sig_loaded.set(1 if loaded else 0)
+        self._sig_count.set(len(ids))
+        for unit in list(self._units):
+            self._init_unit(unit)
+
+    def entries_read(self, count: int) -> None:
+        """Count journal entries read."""
+        self._entries.inc(count)
+
+    def journal_lag(self, seconds: float) -> None:
+        """Record how far behind the journal's newest entry the reader is."""
+        self._lag.set(max(0.0, seconds))
+
+    def following(self, is_following: bool) -> None:
+        """Record whether the journal is being followed (feeds /healthz too)."""
+        self.is_following = is_following
+        self._following.set(1 if is_following else 0)
+
+    def source_restart(self, reason: str) -> None:
+        """Count a restart of the journal reader."""
+        self._source_restarts.labels(self._reason(reason, SOURCE_RESTART_REASONS)).inc()
+
+    def entry_invalid(self, reason: str) -> None:
+        """Count a journal entry that could not be decoded."""
+        self._invalid.labels(self._reason(reason, ENTRY_INVALID_REASONS)).inc()
+
+    def outcome(self, outcome: Outcome, classify_seconds: float) -> None:
+        """Record one ended invocation: crash, restart counter, decision, classify time."""
+        inv, verdict, decision = outcome.invocation, outcome.verdict, outcome.decision
+        unit = self._unit(inv.unit)
+        signature = self._signature(verdict.signature)
+        self._classify.observe(max(0.0, classify_seconds))
+        if inv.failed or verdict.crashed:
+            self._crashes.labels(unit, signature, verdict.severity.value).inc()
+            self._last_crash.labels(unit).set(_seconds(inv.ended_us) or self._now())
+        if inv.restarts is not None:
+            self._restarts.labels(unit).set(inv.restarts)
+        dry = "true" if decision.dry_run else "false"
+        self._decisions.labels(unit, signature, decision.action.value, dry).inc()
+
+    def halt(self, unit: str, reason: str, latency_seconds: float) -> None:
+        """Count a halted unit and how long halting took after the crash."""
+        label = self._unit(unit)
+        self._halts.labels(label, self._reason(reason, HALT_REASONS)).inc()
+        self._halt_latency.observe(max(0.0, latency_seconds))
+        self._halted.labels(label).set(1)
+
+    def halt_failed(self, unit: str, reason: str) -> None:
+        """Count a halt that failed."""
+        self._halt_failures.labels(
+            self._unit(unit), self._reason(reason, HALT_FAILED_REASONS)
+        ).inc()
+
+    def units_halted(self, unit: str, halted: bool) -> None:
+        """Set whether a unit is quarantined (at start-up, on halt, on release)."""
+        self._halted.labels(self._unit(unit)).set(1 if halted else 0)
+
+    def notification(self, outcome: str) -> None:
+        """Count a notification event: queued, grouped, sent, retried, failed or dropped."""
+        label = outcome if outcome in NOTIFICATION_OUTCOMES else OTHER
+        self._notifications.labels(label).inc()
+
+    def outbox_depth(self, n: int) -> None:
+        """Record how many notifications wait for delivery."""
+        self._outbox.set(n)
+
+    def state_error(self, reason: str) -> None:
+        """Count a failure of the state database."""
+        self._state_errors.labels(self._reason(reason, STATE_ERROR_REASONS)).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The registry in Prometheus text format, with its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+def new_registry(*, process: bool = True) -> CollectorRegistry:
+    """A fresh registry, with the standard `process_*` series unless `process=False`.
+
+    Exists so callers never import prometheus_client themselves (ruff TID251).
+    """
+    registry = CollectorRegistry(auto_describe=True)
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def _seconds(us: int | None) -> float | None:
+    return None if us is None else us / 1_000_000
