@@ -1,0 +1,214 @@
+"""Halting a restart loop: quarantine the unit first, then stop it through systemd.
+
+The order matters (DESIGN.md §3): the quarantine record makes the unit's `ExecCondition=` gate
+skip any start that races us, and only then does StopUnit cancel a pending restart or stop a
+start already under way. Stopping is idempotent and retried with bounded exponential backoff on
+retryable D-Bus errors; every attempt is bounded by `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from supervisor.errors import SystemdError
+from supervisor.model import Outcome
+from supervisor.quarantine import Quarantine
+from supervisor.systemd import SystemdClient
+
+_log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+BACKOFF_BASE_S = 0.2
+BACKOFF_MAX_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HaltResult:
+    """What `Halter.halt` did (or, in a dry run, would have done)."""
+
+    stopped: bool  # the unit is down: StopUnit succeeded or it was already inactive
+    quarantined: Path | None  # the record written (None in a dry run or when writing failed)
+    error: SystemdError | None  # the final systemd failure, after retries
+    latency_s: float  # from the call to the end of the stop
+    dry_run: bool = False
+    stop_job: str | None = None  # the D-Bus job path of StopUnit, when one was issued
+    quarantine_error: str | None = None  # why the record could not be written
+    detail: str = ""  # one human sentence: what was done, or what would have been done
+
+
+class Halter:
+    """Quarantines and stops a unit after a fatal verdict."""
+
+    def __init__(
+        self,
+        quarantine: Quarantine,
+        systemd: SystemdClient | None,
+        *,
+        attempts: int,
+        timeout_s: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._quarantine = quarantine
+        self._systemd = systemd
+        self._attempts = max(1, attempts)
+        self._timeout_s = timeout_s
+        self._sleep = sleep
+        self._clock = clock
+
+    async def halt(self, outcome: Outcome, *, dry_run: bool) -> HaltResult:
+        """Quarantine and stop the unit of `outcome`; in a dry run only say what would happen."""
+        start = self._clock()
+        unit = outcome.invocation.unit
+        if unit is None:
+            return HaltResult(
+                stopped=False,
+                quarantined=None,
+                error=SystemdError(
+                    "halt: the invocation names no unit", reason="no_such_unit", retryable=False
+                ),
+                latency_s=0.0,
+                dry_run=dry_run,
+                detail="no unit to halt",
+            )
+        if dry_run:
+            return HaltResult(
+                stopped=False,
+                quarantined=None,
+                error=None,
+                dry_run=True,
+                latency_s=self._clock() - start,
+                detail=f"dry run: would quarantine {unit} at {self._quarantine.path(unit)} "
+                "and stop it",
+            )
+        path, q_error = self._write_record(unit, outcome)
+        stopped, job, error = await self._stop(unit)
+        return HaltResult(
+            stopped=stopped,
+            quarantined=path,
+            error=error,
+            stop_job=job,
+            quarantine_error=q_error,
+            latency_s=self._clock() - start,
+            detail=_describe(unit, path, stopped, job, error),
+        )
+
+    async def restart(self, unit: str) -> str:
+        """Restart `unit` (a hung engine); the job path. Raises SystemdError after retries."""
+        if self._systemd is None:
+            raise SystemdError(
+                f"restart {unit}: systemd control is disabled",
+                reason="bus_unavailable",
+                retryable=False,
+            )
+        client = self._systemd
+        return await self._retry("restart", unit, lambda: client.restart_unit(unit))
+
+    def _write_record(self, unit: str, outcome: Outcome) -> tuple[Path | None, str | None]:
+        try:
+            return self._quarantine.write(unit, quarantine_record(outcome)), None
+        except OSError as exc:
+            # Stopping is still worth doing: it cancels the pending restart on its own.
+            _log.error("quarantine_write_failed", unit=unit, error=str(exc))
+            return None, f"{type(exc).__name__}: {exc}"
+
+    async def _stop(self, unit: str) -> tuple[bool, str | None, SystemdError | None]:
+        if self._systemd is None:
+            return False, None, None
+        client = self._systemd
+
+        async def attempt() -> str | None:
+            state = await client.unit_state(unit)
+            if not state.restarting_or_running:
+                return None  # Already down; StopUnit would be a no-op.
+            return await client.stop_unit(unit)
+
+        try:
+            job = await self._retry("stop", unit, attempt)
+        except SystemdError as exc:
+            return False, None, exc
+        return True, job, None
+
+    async def _retry(self, action: str, unit: str, op: Callable[[], Awaitable[T]]) -> T:
+        errors: list[SystemdError] = []
+        while len(errors) < self._attempts:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    return await op()
+            except TimeoutError:
+                error = SystemdError(
+                    f"{action} {unit}: no answer in {self._timeout_s}s",
+                    reason="timeout",
+                    retryable=True,
+                )
+            except SystemdError as exc:
+                error = exc
+            if not error.retryable or len(errors) + 1 == self._attempts:
+                errors.append(error)
+                break
+            if not errors or errors[-1].reason != error.reason:
+                # A repeated identical failure is logged once, not once per attempt.
+                _log.warning("systemd_retry", action=action, unit=unit, reason=error.reason)
+            errors.append(error)
+            await self._sleep(_backoff(len(errors)))
+        last = errors[-1]
+        _log.error(
+            "systemd_action_failed",
+            action=action,
+            unit=unit,
+            attempts=len(errors),
+            reason=last.reason,
+            error=str(last),
+        )
+        raise SystemdError(
+            f"{action} {unit} failed after {len(errors)} attempt(s): {last}",
+            reason=last.reason,
+            retryable=last.retryable,
+        ) from last
+
+
+def quarantine_record(outcome: Outcome) -> dict[str, Any]:
+    """The JSON record kept while a unit is quarantined: why, when, and which invocation."""
+    verdict, inv = outcome.verdict, outcome.invocation
+    return {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "invocation_id": inv.invocation_id,
+        "signature": verdict.signature,
+        "severity": verdict.severity.value,
+        "title": verdict.title,
+        "root_cause": verdict.root_cause,
+        "remediation": verdict.remediation,
+        "fingerprint": verdict.fingerprint,
+        "reason": outcome.decision.reason,
+        "exit_code": inv.exit_code,
+        "exit_status": inv.exit_status,
+        "restarts": inv.restarts,
+    }
+
+
+def _backoff(attempt: int) -> float:
+    """Exponential backoff with full jitter, capped."""
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
+    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
+
+
+def _describe(
+    unit: str, path: Path | None, stopped: bool, job: str | None, error: SystemdError | None
+) -> str:
+    parts = [f"quarantined {unit} at {path}" if path else f"could not quarantine {unit}"]
+    if error is not None:
+        parts.append(f"stop failed ({error.reason}): {error}")
+    elif stopped:
+        parts.append("stopped it" if job else "it was already down")
+    else:
+        parts.append("systemd control is disabled, the gate alone keeps it down")
+    return "; ".join(parts)

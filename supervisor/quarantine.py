@@ -1,0 +1,140 @@
+"""Quarantine records: one file per halted unit, the race-free half of halting a restart loop.
+
+`gate` (the served unit's `ExecCondition=`) refuses a start while a record exists, so a restart
+that races the supervisor's StopUnit is skipped by systemd itself (DESIGN.md §3). Records are
+written atomically (temp file, fsync, rename, directory fsync) so `gate` never sees a torn file;
+a record that does not parse still counts as quarantined (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import structlog
+
+_log = structlog.get_logger(__name__)
+
+FILE_MODE = 0o640
+DIR_MODE = 0o750
+SUFFIX = ".json"
+# Characters systemd allows in unit names, minus "\" and "/"; the rest is %-escaped.
+_SAFE = "@:_-."
+
+
+def record_name(unit: str) -> str:
+    """A file name for `unit` that is reversible and safe for any unit name."""
+    name = quote(unit, safe=_SAFE)
+    if name.startswith("."):
+        # Never ".", ".." or a hidden name (temp files are hidden).
+        name = "%2E" + name[1:]
+    return name + SUFFIX
+
+
+def unit_from_name(name: str) -> str:
+    """The unit a record file name stands for (inverse of `record_name`)."""
+    return unquote(name.removesuffix(SUFFIX))
+
+
+class Quarantine:
+    """The records in one directory (runtime or persistent)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path(self, unit: str) -> Path:
+        """Where the record of `unit` lives."""
+        return self.directory / record_name(unit)
+
+    def write(self, unit: str, record: dict[str, Any]) -> Path:
+        """Quarantine `unit` with `record` (atomically replacing an older record)."""
+        self._ensure_directory()
+        data = json.dumps({**record, "unit": unit}, indent=2, sort_keys=True) + "\n"
+        target = self.path(unit)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            Path(tmp).replace(target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink()
+            raise
+        self._fsync_directory()
+        return target
+
+    def read(self, unit: str) -> dict[str, Any] | None:
+        """The record of `unit`; None when it is not quarantined.
+
+        A record that cannot be parsed is returned as `{"unit", "corrupt": True, "error"}` so
+        callers still treat the unit as quarantined. Other OSErrors (e.g. EACCES) propagate.
+        """
+        try:
+            text = self.path(unit).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        return _parse(unit, self.path(unit), text)
+
+    def release(self, unit: str) -> dict[str, Any] | None:
+        """Remove the record of `unit`; the removed record, or None when there was none."""
+        record = self.read(unit)
+        if record is None:
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            self.path(unit).unlink()
+        self._fsync_directory()
+        return record
+
+    def is_quarantined(self, unit: str) -> bool:
+        """True while a record (readable or not) exists for `unit`."""
+        # Path.exists() raises on EACCES, so an unreadable directory is not taken as "free".
+        return self.path(unit).exists()
+
+    def list(self) -> dict[str, dict[str, Any]]:
+        """Every quarantined unit and its record."""
+        try:
+            names = sorted(entry.name for entry in self.directory.iterdir())
+        except FileNotFoundError:
+            return {}
+        records: dict[str, dict[str, Any]] = {}
+        for name in names:
+            if name.startswith(".") or not name.endswith(SUFFIX):
+                continue
+            unit = unit_from_name(name)
+            record = self.read(unit)
+            if record is not None:
+                records[unit] = record
+        return records
+
+    def _ensure_directory(self) -> None:
+        self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        self.directory.chmod(DIR_MODE)
+
+    def _fsync_directory(self) -> None:
+        # The rename or unlink is durable only once the directory entry itself is synced.
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _parse(unit: str, path: Path, text: str) -> dict[str, Any]:
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        error = f"not valid JSON: {exc}"
+    else:
+        if isinstance(record, dict):
+            return record
+        error = f"expected a JSON object, got {type(record).__name__}"
+    _log.warning("quarantine_record_corrupt", unit=unit, path=str(path), error=error)
+    return {"unit": unit, "corrupt": True, "error": f"{path}: {error}"}

@@ -1,0 +1,226 @@
+"""An asyncio client for systemd's D-Bus API: stop and restart units, read their state.
+
+This is the only module that talks to PID 1. Every dbus-fast error, OSError and timeout is
+translated here into `SystemdError` with a bounded `reason` label (used as a metric label) and a
+`retryable` flag, so callers never see library exceptions. Calls are plain method-call messages
+(no introspection round trip), each bounded by `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dbus_fast import BusType, Message, MessageType, Variant
+from dbus_fast.aio import MessageBus
+from dbus_fast.errors import AuthError, DBusError, DBusFastError, InvalidAddressError
+
+from supervisor.errors import SystemdError
+
+SYSTEMD_BUS_NAME: Final = "org.freedesktop.systemd1"
+MANAGER_PATH: Final = "/org/freedesktop/systemd1"
+MANAGER_IFACE: Final = "org.freedesktop.systemd1.Manager"
+UNIT_IFACE: Final = "org.freedesktop.systemd1.Unit"
+SERVICE_IFACE: Final = "org.freedesktop.systemd1.Service"
+PROPS_IFACE: Final = "org.freedesktop.DBus.Properties"
+
+# D-Bus error names -> (reason label, retryable). Everything else is ("dbus_error", False).
+_ERROR_MAP: Final[Mapping[str, tuple[str, bool]]] = {
+    "org.freedesktop.DBus.Error.ServiceUnknown": ("bus_unavailable", True),
+    "org.freedesktop.DBus.Error.NameHasNoOwner": ("bus_unavailable", True),
+    "org.freedesktop.DBus.Error.Disconnected": ("bus_unavailable", True),
+    "org.freedesktop.DBus.Error.NoServer": ("bus_unavailable", True),
+    "org.freedesktop.DBus.Error.AccessDenied": ("access_denied", False),
+    "org.freedesktop.DBus.Error.AuthFailed": ("access_denied", False),
+    "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired": ("access_denied", False),
+    "org.freedesktop.systemd1.NoSuchUnit": ("no_such_unit", False),
+    "org.freedesktop.systemd1.LoadFailed": ("no_such_unit", False),
+    "org.freedesktop.DBus.Error.NoReply": ("timeout", True),
+    "org.freedesktop.DBus.Error.Timeout": ("timeout", True),
+    "org.freedesktop.DBus.Error.TimedOut": ("timeout", True),
+    "org.freedesktop.DBus.Error.LimitsExceeded": ("dbus_error", True),
+    "org.freedesktop.DBus.Error.NoMemory": ("dbus_error", True),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitState:
+    """A snapshot of one unit's state as systemd reports it."""
+
+    active_state: str  # active | activating | deactivating | inactive | failed | reloading
+    sub_state: str  # for a service: running | auto-restart | exited | dead | failed | ...
+    n_restarts: int  # systemd's automatic restart counter (NRestarts)
+    result: str  # the last run's result: success | exit-code | signal | ...
+    invocation_id: str  # hex, "" when the unit never ran
+    main_pid: int  # 0 when no main process runs
+    load_state: str = "loaded"
+
+    @property
+    def restarting_or_running(self) -> bool:
+        """True when a stop is needed to keep the unit down (it runs or a restart is pending)."""
+        return self.active_state in ("active", "activating", "reloading") or (
+            self.sub_state == "auto-restart"
+        )
+
+
+def map_dbus_error(exc: BaseException, what: str) -> SystemdError:
+    """Translate a dbus-fast, OS or timeout failure of `what` into a SystemdError."""
+    if isinstance(exc, DBusError):
+        reason, retryable = _ERROR_MAP.get(exc.type, ("dbus_error", False))
+        return SystemdError(f"{what}: {exc.type}: {exc.text}", reason=reason, retryable=retryable)
+    if isinstance(exc, TimeoutError):
+        return SystemdError(f"{what}: no answer in time", reason="timeout", retryable=True)
+    if isinstance(exc, PermissionError | AuthError):
+        return SystemdError(f"{what}: {exc}", reason="access_denied", retryable=False)
+    if isinstance(exc, InvalidAddressError):
+        return SystemdError(
+            f"{what}: bad bus address: {exc}", reason="bus_unavailable", retryable=False
+        )
+    if isinstance(exc, OSError | EOFError | DBusFastError):
+        return SystemdError(f"{what}: {exc!r}", reason="bus_unavailable", retryable=True)
+    return SystemdError(f"{what}: {exc!r}", reason="dbus_error", retryable=False)
+
+
+class SystemdClient:
+    """Talks to systemd over the system bus (or `bus_address`, e.g. a test bus)."""
+
+    def __init__(self, *, bus_address: str | None = None, timeout_s: float = 10.0) -> None:
+        self._address = bus_address or os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")
+        self._timeout_s = timeout_s
+        self._bus: MessageBus | None = None
+
+    async def connect(self) -> None:
+        """Open the bus connection; a no-op when it is already open."""
+        if self._bus is not None and self._bus.connected:
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                bus = MessageBus(bus_address=self._address, bus_type=BusType.SYSTEM)
+                self._bus = await bus.connect()
+        except (DBusFastError, OSError, EOFError, TimeoutError) as exc:
+            raise map_dbus_error(exc, "connect to the system bus") from exc
+
+    async def close(self) -> None:
+        """Close the bus connection (idempotent)."""
+        bus, self._bus = self._bus, None
+        if bus is not None:
+            bus.disconnect()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+            except (TimeoutError, OSError, EOFError, DBusFastError):
+                pass  # Closing is best effort; the socket is gone either way.
+
+    async def stop_unit(self, unit: str) -> str:
+        """Stop `unit` (job mode "replace", which also cancels a pending restart); the job path."""
+        body = await self._call(MANAGER_PATH, MANAGER_IFACE, "StopUnit", "ss", [unit, "replace"])
+        return str(body[0])
+
+    async def restart_unit(self, unit: str) -> str:
+        """Restart `unit` (job mode "replace"); the job path."""
+        body = await self._call(MANAGER_PATH, MANAGER_IFACE, "RestartUnit", "ss", [unit, "replace"])
+        return str(body[0])
+
+    async def unit_state(self, unit: str) -> UnitState:
+        """The unit's current state; `no_such_unit` when systemd knows no such unit file."""
+        path = await self._unit_path(unit)
+        props = await self._get_all(path, UNIT_IFACE)
+        if props.get("LoadState") == "not-found":
+            raise SystemdError(f"{unit}: no such unit", reason="no_such_unit", retryable=False)
+        service = await self._get_all(path, SERVICE_IFACE) if unit.endswith(".service") else {}
+        return UnitState(
+            active_state=str(props.get("ActiveState", "")),
+            sub_state=str(props.get("SubState", "")),
+            load_state=str(props.get("LoadState", "")),
+            invocation_id=bytes(props.get("InvocationID", b"")).hex(),
+            n_restarts=int(service.get("NRestarts", 0)),
+            result=str(service.get("Result", "")),
+            main_pid=int(service.get("MainPID", 0)),
+        )
+
+    async def exec_start(self, unit: str) -> list[str]:
+        """The argv of the unit's first ExecStart= command (for environment drift checks)."""
+        path = await self._unit_path(unit)
+        service = await self._get_all(path, SERVICE_IFACE)
+        # ExecStart is a(sasbttttuii): (path, argv, ignore_failure, timestamps, pid, code, status).
+        commands = service.get("ExecStart") or []
+        return [str(arg) for arg in commands[0][1]] if commands else []
+
+    async def subscribe(self, unit: str, callback: Callable[[dict[str, Any]], None]) -> None:
+        """Call `callback(changed_properties)` on every PropertiesChanged signal of `unit`."""
+        bus = await self._connected()
+        path = await self._unit_path(unit)
+        rule = f"type='signal',interface='{PROPS_IFACE}',member='PropertiesChanged',path='{path}'"
+        await self._call(
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "AddMatch",
+            "s",
+            [rule],
+            destination="org.freedesktop.DBus",
+        )
+        await self._call(MANAGER_PATH, MANAGER_IFACE, "Subscribe", "", [])
+
+        def handler(msg: Message) -> None:
+            is_signal = msg.message_type is MessageType.SIGNAL
+            if is_signal and msg.path == path and msg.member == "PropertiesChanged":
+                callback(_unwrap(msg.body[1]))
+
+        bus.add_message_handler(handler)
+
+    async def _unit_path(self, unit: str) -> str:
+        # LoadUnit (unlike GetUnit) also answers for a unit that is not loaded right now, e.g.
+        # a stopped service that systemd garbage-collected.
+        body = await self._call(MANAGER_PATH, MANAGER_IFACE, "LoadUnit", "s", [unit])
+        return str(body[0])
+
+    async def _get_all(self, path: str, interface: str) -> dict[str, Any]:
+        body = await self._call(path, PROPS_IFACE, "GetAll", "s", [interface])
+        return _unwrap(body[0])
+
+    async def _connected(self) -> MessageBus:
+        await self.connect()
+        assert self._bus is not None  # noqa: S101 - connect() either set it or raised
+        return self._bus
+
+    async def _call(
+        self,
+        path: str,
+        interface: str,
+        member: str,
+        signature: str,
+        body: list[Any],
+        *,
+        destination: str = SYSTEMD_BUS_NAME,
+    ) -> list[Any]:
+        what = f"{member}({', '.join(map(str, body))})"
+        bus = await self._connected()
+        msg = Message(
+            destination=destination,
+            path=path,
+            interface=interface,
+            member=member,
+            signature=signature,
+            body=body,
+        )
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reply = await bus.call(msg)
+        except (DBusFastError, OSError, EOFError, TimeoutError) as exc:
+            raise map_dbus_error(exc, what) from exc
+        if reply.message_type is MessageType.ERROR:
+            error = DBusError(
+                reply.error_name or "org.freedesktop.DBus.Error.Failed",
+                str(reply.body[0]) if reply.body else "",
+                reply,
+            )
+            raise map_dbus_error(error, what) from error
+        return list(reply.body)
+
+
+def _unwrap(props: Mapping[str, Any]) -> dict[str, Any]:
+    """Replace the Variants of a GetAll answer by their values."""
+    return {k: v.value if isinstance(v, Variant) else v for k, v in props.items()}
