@@ -1,0 +1,395 @@
+"""Slack incoming webhooks: the message for a crash, and one delivery attempt.
+
+`build_payload` is pure: an `Outcome` in, a Block Kit payload out, with a plain `text` fallback.
+Every piece of journal text is escaped (`& < >`), so a log line cannot ping `<!channel>` or
+forge a link, and every block stays within Slack's size limits (cut with a visible marker).
+
+`SlackWebhook.send` makes one attempt and classifies the result the way Alertmanager's
+`Retrier.Check` does: 2xx delivered; 5xx, 429 and transport errors (TLS included) retryable;
+any other status permanent. The webhook URL is the secret: it never appears in an error, a log
+line, a repr or a metric label (Alertmanager's `RedactURL`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from enum import StrEnum
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from supervisor.config import Secret
+from supervisor.errors import NotifyError
+from supervisor.model import Action, Decision, Outcome, Severity
+
+SECTION_LIMIT = 3000  # Slack: a section's text, a context element
+FIELD_LIMIT = 2000  # Slack: one section field
+HEADER_LIMIT = 150  # Slack: a header block's plain_text
+FALLBACK_LIMIT = 3000  # our own bound for the top-level `text`
+ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
+TRUNCATED = "… [truncated]"
+REDACTED = "<redacted>"
+DEFAULT_TIMEOUT_S = 10.0
+
+# Error codes Slack documents for incoming webhooks; any other 4xx body becomes "http_4xx" so
+# the metric label stays bounded.
+SLACK_ERRORS = frozenset(
+    {
+        "invalid_payload",
+        "invalid_blocks",
+        "invalid_blocks_format",
+        "invalid_token",
+        "missing_text_or_fallback_or_attachments",
+        "no_text",
+        "no_service",
+        "no_service_id",
+        "no_team",
+        "team_disabled",
+        "channel_not_found",
+        "channel_is_archived",
+        "action_prohibited",
+        "posting_to_general_channel_denied",
+        "too_many_attachments",
+        "user_not_found",
+    }
+)
+
+
+class ActionTaken(StrEnum):
+    """What the supervisor did about the crash, as the message reports it."""
+
+    HALTED = "halted"
+    DRY_RUN = "dry-run"  # would have halted
+    RESTARTING = "restarting"
+    OBSERVED = "observed"
+
+
+def action_taken_for(decision: Decision) -> ActionTaken:
+    """The action to report for a decision that was carried out as decided."""
+    if decision.action is Action.HALT:
+        return ActionTaken.DRY_RUN if decision.dry_run else ActionTaken.HALTED
+    if decision.action is Action.ALLOW_RESTART:
+        return ActionTaken.RESTARTING
+    return ActionTaken.OBSERVED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Group:
+    """Transient crashes of one unit+signature folded into one message."""
+
+    count: int
+    first: float  # unix time of the first crash in the group
+    last: float  # unix time of the latest
+    interval_s: float  # the grouping interval
+
+
+# -- the message ---------------------------------------------------------------------------------
+
+
+def escape(text: str) -> str:
+    """Escape Slack's control characters so text can never become a mention or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut already-escaped text to `limit` characters, marking the cut, never inside `&..;`."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - len(TRUNCATED))]
+    amp = cut.rfind("&", max(0, len(cut) - 5))
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + TRUNCATED
+
+
+def _code(text: str) -> str:
+    """Escaped text inside a code block; a ``` in the text would end the block early."""
+    return "```" + escape(text.replace("```", "`\u200b``")) + "```"
+
+
+def _section(title: str, body: str) -> dict[str, Any]:
+    text = truncate(f"*{title}*\n{body}", SECTION_LIMIT)
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _field(title: str, body: str) -> dict[str, str]:
+    return {"type": "mrkdwn", "text": truncate(f"*{title}*\n{body}", FIELD_LIMIT)}
+
+
+def _action_line(action: ActionTaken, unit: str) -> str:
+    """What happened to the unit, and how a person undoes it."""
+    release = f"`vllm-supervisor release {escape(unit)}`"
+    return {
+        ActionTaken.HALTED: f":octagonal_sign: Halted: systemd will not restart it. "
+        f"After fixing the cause, release it: {release}",
+        ActionTaken.DRY_RUN: ":warning: Would halt (dry run): systemd keeps restarting it.",
+        ActionTaken.RESTARTING: ":repeat: Restarting: systemd restarts it.",
+        ActionTaken.OBSERVED: ":eyes: Observed: no action taken.",
+    }[action]
+
+
+def _group_line(group: Group) -> str:
+    start = datetime.fromtimestamp(group.first, UTC).strftime("%H:%M")
+    end = datetime.fromtimestamp(group.last, UTC).strftime("%H:%M UTC")
+    minutes = max(1, round(group.interval_s / 60))
+    return (
+        f"{group.count} crash{'es' if group.count != 1 else ''} of this kind between {start} "
+        f"and {end} (grouped per {minutes} min)"
+    )
+
+
+def _crash_site(outcome: Outcome) -> str | None:
+    site, cause = outcome.verdict.crash_site, outcome.verdict.root_cause
+    if not site or (cause and site in cause):
+        return None
+    return site
+
+
+def _header(outcome: Outcome, host: str) -> str:
+    unit = outcome.invocation.unit or "unknown unit"
+    return truncate(escape(f"{outcome.verdict.title} — {unit} on {host}"), HEADER_LIMIT)
+
+
+def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:
+    verdict, inv = outcome.verdict, outcome.invocation
+    signature = verdict.signature or f"unknown (fingerprint {verdict.fingerprint or 'none'})"
+    restarts = "unknown" if inv.restarts is None else str(inv.restarts)
+    return [
+        _field("Host", escape(host)),
+        _field("Unit", escape(inv.unit or "unknown")),
+        _field("Signature", escape(signature)),
+        _field("Severity", escape(verdict.severity.value)),
+        _field("Restarts", restarts),
+        _field("Exit", escape(_exit_text(outcome))),
+    ]
+
+
+def _exit_text(outcome: Outcome) -> str:
+    inv = outcome.invocation
+    parts = [p for p in (inv.exit_code, inv.result) if p]
+    if inv.exit_status is not None:
+        parts.append(f"status {inv.exit_status}")
+    if inv.oom_killed:
+        parts.append("OOM-killed")
+    if inv.hung:
+        parts.append("engine hung")
+    return ", ".join(parts) or "unknown"
+
+
+def _blocks(
+    outcome: Outcome, host: str, action: ActionTaken, group: Group | None
+) -> list[dict[str, Any]]:
+    verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _header(outcome, host)}},
+        {"type": "section", "fields": _fields(outcome, host)},
+        _section("Root cause", _code(verdict.root_cause or "no root-cause line found")),
+    ]
+    site = _crash_site(outcome)
+    if site:
+        blocks.append(_section("Crash site", _code(site)))
+    if verdict.remediation:
+        blocks.append(_section("Remediation", escape(verdict.remediation)))
+    if group is not None and group.count > 1:
+        blocks.append(_section("Grouped", escape(_group_line(group))))
+    blocks.append(_section("Action", _action_line(action, unit)))
+    reason = truncate(escape(f"Decision: {outcome.decision.reason}"), SECTION_LIMIT)
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": reason}]})
+    return blocks
+
+
+def _fallback(outcome: Outcome, host: str, action: ActionTaken, group: Group | None) -> str:
+    """The plain `text`: what notifications and clients without Block Kit show."""
+    verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
+    restarts = outcome.invocation.restarts
+    lines = [
+        f"{verdict.title} — {unit} on {host} ({verdict.severity.value}, "
+        f"restarts: {'unknown' if restarts is None else restarts})",
+        f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
+    ]
+    if group is not None and group.count > 1:
+        lines.append(_group_line(group))
+    lines.append(f"Action: {action.value}")
+    if action is ActionTaken.HALTED:
+        lines.append(f"Release: vllm-supervisor release {unit}")
+    return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
+
+
+def build_payload(
+    outcome: Outcome,
+    *,
+    host: str,
+    action_taken: ActionTaken | str,
+    group: Group | None = None,
+) -> dict[str, Any]:
+    """The webhook body for one crash (or a group of transient ones); pure."""
+    action = ActionTaken(action_taken)
+    return {
+        "text": _fallback(outcome, host, action, group),
+        "blocks": _blocks(outcome, host, action, group),
+    }
+
+
+def is_notable(outcome: Outcome) -> bool:
+    """True for an invocation worth a message: systemd saw a failure or the lines show a crash."""
+    return outcome.invocation.failed or outcome.verdict.crashed
+
+
+def is_groupable(outcome: Outcome) -> bool:
+    """Transient crashes are grouped per unit+signature; fatal, unknown and halting ones never."""
+    return (
+        outcome.verdict.severity is Severity.TRANSIENT
+        and outcome.verdict.signature is not None
+        and outcome.decision.action is not Action.HALT
+    )
+
+
+# -- delivery ------------------------------------------------------------------------------------
+
+
+class SlackRateLimited(NotifyError):
+    """Slack answered 429; `retry_after` is its Retry-After in seconds, when it sent one."""
+
+    def __init__(self, message: str, *, retry_after: float | None) -> None:
+        super().__init__(message, reason="rate_limited", retryable=True)
+        self.retry_after = retry_after
+
+
+def redact(text: str, url: Secret) -> str:
+    """`text` with the webhook URL (and its secret path) replaced by a marker."""
+    value = url.value
+    text = text.replace(value, REDACTED)
+    path = httpx.URL(value).path
+    if len(path) > 1:
+        text = text.replace(path, REDACTED)
+    return text
+
+
+class _RedactFilter(logging.Filter):
+    """Strips the webhook URL from httpx's own INFO log ("HTTP Request: POST <url> ...")."""
+
+    def __init__(self, url: Secret) -> None:
+        super().__init__()
+        self._url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(
+                redact(str(a), self._url) if isinstance(a, str | httpx.URL) else a for a in args
+            )
+        record.msg = redact(str(record.msg), self._url)
+        return True
+
+
+class SlackWebhook:
+    """One Slack incoming webhook; `send` makes one attempt and classifies the result."""
+
+    def __init__(
+        self,
+        url: Secret,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self._url = url
+        self._now = now
+        self._client = httpx.AsyncClient(
+            transport=transport, timeout=timeout_s, follow_redirects=False
+        )
+        self._filter = _RedactFilter(url)
+        logging.getLogger("httpx").addFilter(self._filter)
+
+    def __repr__(self) -> str:
+        return f"SlackWebhook(url={REDACTED!r})"
+
+    async def __aenter__(self) -> SlackWebhook:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool and stop filtering httpx's log for this URL."""
+        await self._client.aclose()
+        logging.getLogger("httpx").removeFilter(self._filter)
+
+    async def send(self, payload: Mapping[str, Any]) -> None:
+        """Post `payload` once; raises `NotifyError` (or `SlackRateLimited`) when not delivered."""
+        try:
+            response = await self._client.post(self._url.value, json=dict(payload))
+        except httpx.HTTPError as exc:
+            # `from None`: the httpx exception holds the request and thus the URL.
+            raise self._transport_error(exc) from None
+        self._check(response)
+
+    def _transport_error(self, exc: httpx.HTTPError) -> NotifyError:
+        """A retryable error naming what failed, without the URL."""
+        reason = _transport_reason(exc)
+        detail = redact(str(exc) or type(exc).__name__, self._url)
+        return NotifyError(
+            f"slack: {reason}: {type(exc).__name__}: {detail}", reason=reason, retryable=True
+        )
+
+    def _check(self, response: httpx.Response) -> None:
+        """Alertmanager's Retrier.Check: 2xx ok, 5xx and 429 retryable, other codes permanent."""
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        text = redact(_bounded(response.text), self._url)
+        if status == 429:
+            retry_after = _retry_after(response.headers.get("retry-after"), self._now())
+            raise SlackRateLimited(
+                f"slack: rate limited (HTTP 429, retry after {retry_after}s): {text}",
+                retry_after=retry_after,
+            )
+        if status >= 500:
+            raise NotifyError(f"slack: HTTP {status}: {text}", reason="http_5xx", retryable=True)
+        reason = text if text in SLACK_ERRORS else f"http_{status // 100}xx"
+        raise NotifyError(f"slack: HTTP {status}: {text}", reason=reason, retryable=False)
+
+
+def _transport_reason(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
+            return "tls"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    return "transport"
+
+
+def _bounded(text: str) -> str:
+    """Slack's error body, one line, printable, at most ERROR_TEXT_LIMIT characters."""
+    flat = "".join(c if c.isprintable() else " " for c in text.strip())
+    return flat if len(flat) <= ERROR_TEXT_LIMIT else flat[: ERROR_TEXT_LIMIT - 1] + "…"
+
+
+def _retry_after(value: str | None, now: float) -> float | None:
+    """Retry-After in seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError):
+        return None
