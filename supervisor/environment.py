@@ -207,14 +207,23 @@ def snapshot(
     Blocking (a subprocess of up to `timeout_s`): call it through `asyncio.to_thread` from the
     daemon. Raises `ProbeError` when the interpreter cannot be run.
     """
-    checked = tuple(sorted({normalize_name(n) for n in packages}))
     found = probe(python, timeout_s=timeout_s)
+    return snapshot_from_probe(
+        found, packages, executable=python, nvidia_driver=read_nvidia_driver(nvidia_version_path)
+    )
+
+
+def snapshot_from_probe(
+    found: Probe, packages: Sequence[str], *, executable: Path, nvidia_driver: str | None
+) -> EnvSnapshot:
+    """The snapshot a probe already run implies (preflight probes once for both uses)."""
+    checked = tuple(sorted({normalize_name(n) for n in packages}))
     return EnvSnapshot(
         python=found.python,
         packages=MappingProxyType({n: found.versions[n] for n in checked if n in found.versions}),
         checked=checked,
-        nvidia_driver=read_nvidia_driver(nvidia_version_path),
-        executable=str(python),
+        nvidia_driver=nvidia_driver,
+        executable=str(executable),
     )
 
 

@@ -1,0 +1,93 @@
+"""Real virtual environments holding hand-written distributions, for environment and preflight.
+
+`python -m venv --without-pip` makes a real venv (seconds); a distribution is a
+`<name>-<version>.dist-info` directory with METADATA, RECORD and INSTALLER, which is all
+`importlib.metadata` reads. The venvs are made once per test session and shared by modules.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+Dist = tuple[str, str, Sequence[str]]  # name, version, Requires-Dist lines
+
+# Venv name -> its distributions.
+LAYOUTS: Mapping[str, Sequence[Dist]] = {
+    # Consistent: one flashinfer version; vllm's requirements hold, markers and extras included.
+    "good": (
+        ("flashinfer-python", "0.6.3", ()),
+        ("flashinfer-cubin", "0.6.3", ()),
+        ("flashinfer-jit-cache", "0.6.3+cu129", ()),
+        (
+            "vllm",
+            "0.11.0",
+            (
+                "torch==2.9.0",
+                "flashinfer-python==0.6.3",
+                'pywin32>=300; sys_platform == "win32"',
+                'tensorizer>=2.9; extra == "tensorizer"',
+            ),
+        ),
+        ("torch", "2.9.0", ()),
+    ),
+    # flashinfer-python upgraded alone: the crash flashinfer raises at engine start.
+    "upgraded": (
+        ("flashinfer-python", "0.6.4", ()),
+        ("flashinfer-cubin", "0.6.3", ()),
+    ),
+    # vllm pins a torch that is not the one installed.
+    "unsatisfied": (
+        ("vllm", "0.11.0", ("torch==2.9.0",)),
+        ("torch", "2.8.0", ()),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Venvs:
+    """The interpreters of the session's venvs, by layout name."""
+
+    pythons: Mapping[str, Path]
+
+    def __getitem__(self, name: str) -> Path:
+        return self.pythons[name]
+
+
+_CACHE: dict[int, Venvs] = {}
+
+
+def make_venv(root: Path, dists: Sequence[Dist]) -> Path:
+    """Create a venv at `root` holding `dists`; return its `bin/python`."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = root / "lib" / version / "site-packages"
+    for name, dist_version, requires in dists:
+        write_dist(site, name, dist_version, requires)
+    return root / "bin" / "python"
+
+
+def write_dist(site: Path, name: str, version: str, requires: Sequence[str] = ()) -> None:
+    """Write the dist-info directory pip would leave for `name` `version`."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    (info / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (info / "INSTALLER").write_text("pip\n", encoding="utf-8")
+    record = [f"{info.name}/{f},," for f in ("METADATA", "INSTALLER", "RECORD")]
+    (info / "RECORD").write_text("\n".join(record) + "\n", encoding="utf-8")
+
+
+def session_venvs(factory: pytest.TempPathFactory) -> Venvs:
+    """Every layout as a venv, made once per session however many modules ask."""
+    key = id(factory)
+    if key not in _CACHE:
+        base = factory.mktemp("venvs")
+        _CACHE[key] = Venvs({n: make_venv(base / n, d) for n, d in LAYOUTS.items()})
+    return _CACHE[key]
