@@ -37,6 +37,7 @@ ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
 TRUNCATED = "… [truncated]"
 REDACTED = "<redacted>"
 DEFAULT_TIMEOUT_S = 10.0
+MIN_SECRET_SEGMENT = 8  # path segments this long are redacted on their own ("services" too)
 
 # Error codes Slack documents for incoming webhooks; any other 4xx body becomes "http_4xx" so
 # the metric label stays bounded.
@@ -264,12 +265,17 @@ class SlackRateLimited(NotifyError):
 
 def redact(text: str, url: Secret) -> str:
     """`text` with the webhook URL (and its secret path) replaced by a marker."""
-    value = url.value
-    text = text.replace(value, REDACTED)
-    path = httpx.URL(value).path
-    if len(path) > 1:
-        text = text.replace(path, REDACTED)
+    for secret in _secret_parts(url):
+        text = text.replace(secret, REDACTED)
     return text
+
+
+def _secret_parts(url: Secret) -> list[str]:
+    """The URL, its path and query, and each long path segment (the token), longest first."""
+    parsed = httpx.URL(url.value)
+    parts = [url.value, parsed.path, parsed.query.decode("ascii", "replace")]
+    parts += [seg for seg in parsed.path.split("/") if len(seg) >= MIN_SECRET_SEGMENT]
+    return sorted({p for p in parts if len(p) > 1}, key=len, reverse=True)
 
 
 class _RedactFilter(logging.Filter):

@@ -1,0 +1,124 @@
+"""A loopback HTTP server standing in for Slack's incoming webhooks.
+
+It records every request and answers from a script (a queue of replies; 200 "ok" once the
+script is empty). It can be stopped and started again on the same port, which is how tests
+simulate Slack being down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SECRET = "XXsecretTOKENxx0123456789"  # noqa: S105 - a test token
+WEBHOOK_PATH = f"/services/T0000000/B0000000/{SECRET}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer."""
+
+    status: int = 200
+    body: str = "ok"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One recorded request."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body decoded as JSON."""
+        return json.loads(self.body)
+
+
+class SlackServer:
+    """A threaded HTTP server on 127.0.0.1 that records requests and replies from a script."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port
+        self.script: deque[Reply] = deque()
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The webhook URL, secret path included."""
+        return f"http://127.0.0.1:{self.port}{WEBHOOK_PATH}"
+
+    def start(self) -> None:
+        """Listen (on the same port as before, after a stop)."""
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop listening; connections are refused until `start`."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def reply(self, *replies: Reply) -> None:
+        """Queue answers for the next requests."""
+        with self._lock:
+            self.script.extend(replies)
+
+    def count(self) -> int:
+        """Requests received so far."""
+        with self._lock:
+            return len(self.requests)
+
+    def _record(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            return self.script.popleft() if self.script else Reply()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                reply = server._record(Request(self.path, dict(self.headers), body))
+                data = reply.body.encode()
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Silence the default stderr access log."""
+
+        return Handler
+
+
+async def poll(condition: Callable[[], bool], *, within: float = 10.0) -> None:
+    """Wait until `condition()` is true, failing after `within` seconds (no fixed sleeps)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        await asyncio.sleep(0.005)
