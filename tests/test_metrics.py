@@ -1,0 +1,294 @@
+"""Metrics and the HTTP endpoint: series, values and lint, scraped over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from notify_fakes import T0, make_outcome
+
+from supervisor import __version__
+from supervisor.httpserver import MetricsServer, combine_health, following_check
+from supervisor.metrics import Metrics, new_registry
+from supervisor.model import Action, Severity
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The samples of a Prometheus text exposition, keyed by (name, labels)."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = SAMPLE.match(line)
+        assert match, line
+        labels = frozenset(LABEL.findall(match.group(2) or ""))
+        samples[match.group(1), labels] = float(match.group(3))
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    """One sample's value, or None when the series is absent."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+@pytest.fixture(name="metrics")
+def _metrics() -> Metrics:
+    metrics = Metrics(new_registry(), now=lambda: T0)
+    metrics.register_units(["vllm.service", "sglang.service"])
+    metrics.signature_table(
+        ["flashinfer_cubin_mismatch", "nccl_timeout"],
+        True,
+        severities={"flashinfer_cubin_mismatch": "fatal", "nccl_timeout": "transient"},
+    )
+    return metrics
+
+
+@pytest.fixture(name="health_state")
+def _health_state() -> dict[str, Any]:
+    return {"ok": True, "details": {"reasons": []}}
+
+
+@pytest.fixture(name="server")
+async def _server(metrics: Metrics, health_state: dict[str, Any]) -> AsyncIterator[MetricsServer]:
+    def outbox_health() -> tuple[bool, dict[str, Any]]:
+        return health_state["ok"], dict(health_state["details"])
+
+    server = MetricsServer(metrics, combine_health(following_check(metrics), outbox_health))
+    await server.start("127.0.0.1", 0)
+    yield server
+    await server.close()
+
+
+async def _get(server: MetricsServer, path: str, method: str = "GET") -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await client.request(method, f"http://127.0.0.1:{server.port}{path}")
+
+
+def _feed(metrics: Metrics) -> None:
+    """A fatal crash loop that is halted, plus one transient and one unknown crash."""
+    metrics.entries_read(1200)
+    metrics.journal_lag(0.25)
+    metrics.following(True)
+    for n in range(3):
+        metrics.outcome(make_outcome(invocation_id=f"f{n}", restarts=n + 1), 0.002)
+    metrics.outcome(
+        make_outcome(
+            signature="nccl_timeout", severity=Severity.TRANSIENT, action=Action.ALLOW_RESTART
+        ),
+        0.001,
+    )
+    metrics.outcome(
+        make_outcome(unit="sglang.service", signature=None, severity=Severity.UNKNOWN), 0.003
+    )
+    metrics.halt("vllm.service", "fatal_signature", 1.5)
+    metrics.notification("sent")
+    metrics.outbox_depth(2)
+    metrics.source_restart("exited")
+    metrics.entry_invalid("invalid_json")
+    metrics.state_error("write")
+
+
+class TestScrape:
+    """/metrics over real HTTP after feeding outcomes."""
+
+    async def test_expected_series_and_values(
+        self, server: MetricsServer, metrics: Metrics
+    ) -> None:
+        """Each daemon call shows up as the documented series with the right value."""
+        _feed(metrics)
+        response = await _get(server, "/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        s = parse(response.text)
+        p = "vllm_supervisor_"
+        crash = {"unit": "vllm.service", "signature": "flashinfer_cubin_mismatch"}
+        assert value(s, p + "build_info", version=__version__) == 1
+        assert value(s, p + "journal_entries_total") == 1200
+        assert value(s, p + "journal_lag_seconds") == 0.25
+        assert value(s, p + "journal_following") == 1
+        assert value(s, p + "crashes_total", **crash, severity="fatal") == 3
+        assert (
+            value(
+                s,
+                p + "crashes_total",
+                unit="vllm.service",
+                signature="nccl_timeout",
+                severity="transient",
+            )
+            == 1
+        )
+        assert (
+            value(
+                s,
+                p + "crashes_total",
+                unit="sglang.service",
+                signature="unknown",
+                severity="unknown",
+            )
+            == 1
+        )
+        assert value(s, p + "unit_restarts", unit="vllm.service") == 3
+        assert value(s, p + "last_crash_timestamp_seconds", unit="vllm.service") == T0
+        assert value(s, p + "decisions_total", **crash, action="halt", dry_run="false") == 3
+        assert value(s, p + "halts_total", unit="vllm.service", reason="fatal_signature") == 1
+        assert value(s, p + "unit_halted", unit="vllm.service") == 1
+        assert value(s, p + "unit_halted", unit="sglang.service") == 0
+        assert value(s, p + "halt_latency_seconds_count") == 1
+        assert value(s, p + "classify_duration_seconds_count") == 5
+        assert value(s, p + "notifications_total", outcome="sent") == 1
+        assert value(s, p + "outbox_depth") == 2
+        assert value(s, p + "journal_source_restarts_total", reason="exited") == 1
+        assert value(s, p + "journal_entries_invalid_total", reason="invalid_json") == 1
+        assert value(s, p + "state_errors_total", reason="write") == 1
+        assert value(s, p + "signature_table_loaded") == 1
+        assert value(s, p + "signature_table_signatures") == 2
+        assert value(s, "process_cpu_seconds_total") is not None
+
+    async def test_series_exist_before_any_event(self, server: MetricsServer) -> None:
+        """Per-unit and per-reason series are pre-initialised to 0 for rate() and alerts."""
+        s = parse((await _get(server, "/metrics")).text)
+        p = "vllm_supervisor_"
+        assert value(s, p + "unit_halted", unit="sglang.service") == 0
+        assert value(s, p + "halt_failures_total", unit="vllm.service", reason="timeout") == 0
+        assert value(s, p + "notifications_total", outcome="failed") == 0
+        assert (
+            value(
+                s, p + "crashes_total", unit="vllm.service", signature="unknown", severity="unknown"
+            )
+            == 0
+        )
+        assert (
+            value(
+                s,
+                p + "crashes_total",
+                unit="vllm.service",
+                signature="flashinfer_cubin_mismatch",
+                severity="fatal",
+            )
+            == 0
+        )
+        assert not any(name.endswith("_created") for name, _ in s)
+
+    @pytest.mark.prometheus
+    @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
+    async def test_promtool_check_metrics_is_clean(
+        self, server: MetricsServer, metrics: Metrics
+    ) -> None:
+        """promtool finds nothing to complain about in a scrape."""
+        _feed(metrics)
+        body = (await _get(server, "/metrics")).content
+        result = await asyncio.to_thread(
+            subprocess.run,
+            ["promtool", "check", "metrics"],
+            input=body,
+            capture_output=True,
+            check=False,
+        )
+        assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+
+
+class TestLabels:
+    """Label values come from bounded sets, never raw text."""
+
+    def test_unknown_values_are_folded(self, metrics: Metrics) -> None:
+        """Unknown signatures, free-text reasons and bogus units become "other"/"unknown"."""
+        metrics.outcome(make_outcome(signature="not_in_table"), 0.001)
+        metrics.outcome(make_outcome(unit=None), 0.001)
+        metrics.source_restart("journalctl died: Broken pipe at 0x7f")
+        metrics.halt_failed("vllm.service", "D-Bus said: org.freedesktop.DBus.Error.NoReply")
+        metrics.halt("bad unit name with spaces", "fatal_signature", 0.1)
+        metrics.notification("exploded")
+        s = parse(metrics.exposition()[0].decode())
+        p = "vllm_supervisor_"
+        assert (
+            value(s, p + "crashes_total", unit="vllm.service", signature="other", severity="fatal")
+            == 1
+        )
+        assert (
+            value(
+                s,
+                p + "crashes_total",
+                unit="unknown",
+                signature="flashinfer_cubin_mismatch",
+                severity="fatal",
+            )
+            == 1
+        )
+        assert value(s, p + "journal_source_restarts_total", reason="other") == 1
+        assert value(s, p + "halt_failures_total", unit="vllm.service", reason="other") == 1
+        assert value(s, p + "halts_total", unit="other", reason="fatal_signature") == 1
+        assert value(s, p + "notifications_total", outcome="other") == 1
+
+    def test_dry_run_decisions_are_labelled(self, metrics: Metrics) -> None:
+        """A dry-run halt decision is counted with dry_run="true" and sets no halted gauge."""
+        metrics.outcome(make_outcome(dry_run=True), 0.001)
+        s = parse(metrics.exposition()[0].decode())
+        assert (
+            value(
+                s,
+                "vllm_supervisor_decisions_total",
+                unit="vllm.service",
+                signature="flashinfer_cubin_mismatch",
+                action="halt",
+                dry_run="true",
+            )
+            == 1
+        )
+        assert value(s, "vllm_supervisor_unit_halted", unit="vllm.service") == 0
+
+
+class TestHealth:
+    """/healthz: 200 while following and the outbox is healthy, else 503 with why."""
+
+    async def test_healthy(self, server: MetricsServer, metrics: Metrics) -> None:
+        """Following the journal with a healthy outbox answers 200 JSON."""
+        metrics.following(True)
+        response = await _get(server, "/healthz")
+        assert response.status_code == 200
+        assert response.json() == {"healthy": True, "following": True, "reasons": []}
+
+    async def test_not_following(self, server: MetricsServer, metrics: Metrics) -> None:
+        """Not following the journal answers 503 naming the reason."""
+        metrics.following(False)
+        response = await _get(server, "/healthz")
+        assert response.status_code == 503
+        assert response.json()["reasons"] == ["not following the journal"]
+
+    async def test_outbox_unhealthy(
+        self, server: MetricsServer, metrics: Metrics, health_state: dict[str, Any]
+    ) -> None:
+        """An unhealthy outbox answers 503 with its reasons and details."""
+        metrics.following(True)
+        health_state.update(
+            ok=False, details={"outbox_depth": 500, "reasons": ["outbox backlog: 500 messages"]}
+        )
+        response = await _get(server, "/healthz")
+        assert response.status_code == 503
+        assert response.json()["outbox_depth"] == 500
+        assert response.json()["reasons"] == ["outbox backlog: 500 messages"]
+
+    async def test_other_paths_and_methods(self, server: MetricsServer) -> None:
+        """Unknown paths are 404, other methods 405, HEAD has headers but no body."""
+        assert (await _get(server, "/nope")).status_code == 404
+        assert (await _get(server, "/metrics", "POST")).status_code == 405
+        head = await _get(server, "/metrics", "HEAD")
+        assert (head.status_code, head.content) == (200, b"")
+
+    async def test_garbage_request_gets_400(self, server: MetricsServer) -> None:
+        """A request line that is not HTTP/1.x gets 400 and the server keeps serving."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"HELLO\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=10)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert (await _get(server, "/healthz")).status_code in (200, 503)
