@@ -366,6 +366,12 @@ def _public(version: str) -> str:
 def check_requirements(found: Probe, lookup: Lookup) -> Iterator[CheckResult]:
     """Fail each requirement of an installed served package that the environment breaks."""
     served = [n for n in SERVED_PACKAGES if n in found.requires]
+    if not served:
+        names = ", ".join(SERVED_PACKAGES)
+        yield CheckResult(
+            check="requirements", status=Status.SKIPPED, detail=f"none of {names} is installed"
+        )
+        return
     problems = [p for name in served for p in _unmet(name, found)]
     for problem in problems:
         yield CheckResult(
@@ -375,7 +381,7 @@ def check_requirements(found: Probe, lookup: Lookup) -> Iterator[CheckResult]:
             identity=lookup(REQUIREMENT_SIGNATURES, _NO_CAPTURES),
         )
     if not problems:
-        which = ", ".join(f"{n} {found.versions[n]}" for n in served) or "no served package"
+        which = ", ".join(f"{n} {found.versions[n]}" for n in served)
         yield CheckResult(check="requirements", status=Status.PASSED, detail=f"{which}: satisfied")
 
 
