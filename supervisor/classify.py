@@ -1,0 +1,195 @@
+"""Find the root cause of an invocation's crash and classify it against the signature table.
+
+Pure: lines in, `Verdict` out; no IO, no logging. The steps:
+
+1. `logline.annotate` strips prefixes, de-interleaves processes and reassembles tracebacks.
+2. Every line that can carry a cause (not a frame or code line) is matched against the table.
+3. Candidates are ranked by tier: a line matching a cause signature; an exception line no
+   signature knows; an error-level message no signature knows; a generic wrapper
+   (`Engine core initialization failed`, `Worker died`) last, because a wrapper only points at a
+   cause printed elsewhere. Noise lines and `Exception ignored in` tracebacks are never
+   candidates. Within a tier the higher signature priority wins (a specific diagnosis over a
+   generic consequence), then the earliest line: Python prints the cause of a chained traceback
+   first, and across processes the first failure is the cause of the others.
+
+An exception with no message (`AssertionError`, `TimeoutError`) says nothing by itself; its
+failing source line (`assert param_data.shape == ...`) becomes the root-cause text, and
+signatures may require a traceback frame (`frames = [...]`) to tell such cases apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from supervisor.fingerprint import fingerprint
+from supervisor.logline import Annotated, Role, TracebackBlock, annotate
+from supervisor.model import EMPTY, LogLine, Severity, Verdict
+from supervisor.signatures import SignatureMatch, SignatureTable
+
+_TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WRAPPER = 3, 2, 1, 0
+_MATCHED_ROLES = frozenset({Role.MESSAGE, Role.HEADER, Role.EXCEPTION, Role.DETAIL})
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+# Frames inside the serving framework: the crash site is where the server's own code failed
+# or called into the library that failed (flashinfer, torch), which is what a reader acts on.
+_SERVER_PATHS = ("/vllm/", "/sglang/", "/text_generation_server/", "/vllm_")
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A line that may be the root cause."""
+
+    tier: int
+    priority: int
+    index: int
+    text: str
+    match: SignatureMatch | None
+
+    def key(self) -> tuple[int, int, int]:
+        """Sort key, best first."""
+        return (-self.tier, -self.priority, self.index)
+
+
+class Classifier:
+    """Turns an invocation's lines into a Verdict using one signature table."""
+
+    def __init__(self, table: SignatureTable, *, max_line_chars: int = 4096) -> None:
+        self.table = table
+        self.max_line_chars = max_line_chars
+
+    def classify(self, lines: Sequence[LogLine]) -> Verdict:
+        """The verdict for one invocation's lines (journal lines or plain text, pid=None)."""
+        ann = annotate(lines)
+        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i))]
+        crashed_blocks = [b for b in ann.blocks if not b.ignored]
+        if not candidates:
+            return _no_cause(crashed_blocks)
+        best = min(candidates, key=_Candidate.key)
+        return self._verdict(ann, best, crashed_blocks)
+
+    def _block(self, ann: Annotated, index: int) -> TracebackBlock | None:
+        block_id = ann.block_of[index]
+        return ann.blocks[block_id] if block_id >= 0 else None
+
+    def _candidate(self, ann: Annotated, index: int) -> _Candidate | None:
+        """The line at `index` as a root-cause candidate, or None."""
+        role = ann.roles[index]
+        if role not in _MATCHED_ROLES:
+            return None
+        block = self._block(ann, index)
+        if block is not None and block.ignored:
+            return None
+        line = ann.lines[index]
+        text = _cause_text(ann, index, block).strip()[: self.max_line_chars]
+        if not text:
+            return None
+        frames = [ann.lines[f].text for f in block.frames] if block is not None else []
+        match = self.table.match(text, frames=frames)
+        if match is None and text != line.text.strip():
+            match = self.table.match(line.text.strip(), frames=frames)
+        if match is not None:
+            return _from_match(index, text, match)
+        if role is Role.EXCEPTION:
+            return _Candidate(_TIER_EXCEPTION, 0, index, text, None)
+        if role is Role.MESSAGE and line.level in _ERROR_LEVELS and _is_prose(line.text):
+            return _Candidate(_TIER_ERROR, 0, index, text, None)
+        return None
+
+    def _verdict(
+        self, ann: Annotated, best: _Candidate, crashed_blocks: list[TracebackBlock]
+    ) -> Verdict:
+        """Assemble the verdict around the chosen root-cause candidate."""
+        signature = best.match.signature if best.match is not None else None
+        captures = MappingProxyType(dict(best.match.captures)) if best.match is not None else EMPTY
+        return Verdict(
+            signature=signature.id if signature else None,
+            severity=signature.severity if signature else Severity.UNKNOWN,
+            title=signature.title if signature else "Unrecognised crash",
+            root_cause=best.text,
+            crash_site=_crash_site(ann, self._block(ann, best.index)),
+            captures=captures,
+            remediation=signature.render_remediation(captures) if signature else None,
+            fingerprint=fingerprint(best.text),
+            crashed=True,
+            notes=tuple(_notes(ann, best, crashed_blocks)),
+        )
+
+
+def _from_match(index: int, text: str, match: SignatureMatch) -> _Candidate | None:
+    """A candidate for a matched line: None for noise, the wrapper tier for wrappers."""
+    kind = match.signature.kind
+    if kind == "noise":
+        return None
+    tier = _TIER_WRAPPER if kind == "wrapper" else _TIER_CAUSE
+    return _Candidate(tier, match.signature.priority, index, text, match)
+
+
+def _cause_text(ann: Annotated, index: int, block: TracebackBlock | None) -> str:
+    """The line's text; for a message-less exception, the failing source line instead."""
+    text = ann.lines[index].text
+    if ann.roles[index] is not Role.EXCEPTION or ":" in text or block is None or not block.frames:
+        return text
+    code_index = block.code.get(block.frames[-1])
+    if code_index is None:
+        return text
+    code = ann.lines[code_index].text.strip()
+    # `raise TimeoutError` repeats the class name; the bare exception line reads better.
+    return text if code.startswith("raise") else code
+
+
+def _is_prose(text: str) -> bool:
+    """False for indented code or marker fragments of a cut traceback (`    x = f(`, `^^^`)."""
+    if not text or text[0].isspace() or text.startswith(("^", ")", "]")):
+        return False
+    return any(ch.isalpha() for ch in text[:80])
+
+
+def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
+    """The deepest server-code frame of the root cause's traceback (else its last frame)."""
+    if block is None or not block.frames:
+        return None
+    frames = block.frames
+    chosen = next(
+        (f for f in reversed(frames) if any(p in ann.lines[f].text for p in _SERVER_PATHS)),
+        frames[-1],
+    )
+    site = ann.lines[chosen].text.strip()
+    code_index = block.code.get(chosen)
+    if code_index is not None:
+        code = ann.lines[code_index].text.strip()
+        if code and not code.startswith("^"):
+            site = f"{site}: {code}"
+    return site
+
+
+def _notes(ann: Annotated, best: _Candidate, crashed: list[TracebackBlock]) -> list[str]:
+    """Short facts a reader of the verdict wants next to the root cause."""
+    notes: list[str] = []
+    processes = {b.process for b in crashed}
+    if len(processes) > 1:
+        notes.append(f"{len(processes)} processes printed a traceback")
+    if best.tier == _TIER_WRAPPER:
+        notes.append("only a generic wrapper was found; the real cause is in another log")
+    elif best.match is None and best.tier == _TIER_ERROR:
+        notes.append("no traceback exception found; root cause is the first error message")
+    if ann.processes[best.index] not in ("main", None):
+        notes.append(f"root cause printed by process {ann.processes[best.index]}")
+    return notes
+
+
+def _no_cause(crashed_blocks: list[TracebackBlock]) -> Verdict:
+    """The verdict when no line could be the root cause."""
+    if crashed_blocks:
+        return Verdict(
+            signature=None,
+            severity=Severity.UNKNOWN,
+            title="Unrecognised crash",
+            root_cause=None,
+            crashed=True,
+            captures=EMPTY,
+            notes=("a traceback was printed but its exception line is missing (cut off)",),
+        )
+    return Verdict(
+        signature=None, severity=Severity.UNKNOWN, title="No crash found", root_cause=None
+    )

@@ -1,0 +1,364 @@
+"""Strip log prefixes from service lines and reassemble Python tracebacks per process.
+
+An inference server's journal interleaves the output of several processes (API server, engine
+core, one worker per GPU), each line wrapped in one or more prefixes: the syslog header of a
+plain-text journal export, a Ray or vLLM `(Name pid=N)` tag, a logger's `LEVEL date [file:line]`,
+a docker-compose `service |` column, NCCL's `host:pid:tid [dev]`, and so on. The classifier
+needs the bare text, which process printed it (tracebacks of two workers arrive interleaved
+line by line) and the log level. This module does only that and knows nothing of signatures.
+
+`parse_line` handles one line; `annotate` runs a small state machine per process that labels
+every line (frame, code, exception, ...) and groups traceback lines into `TracebackBlock`s,
+linking chained tracebacks ("The above exception was the direct cause ...").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from supervisor.model import LogLine
+
+# One anchored alternative per prefix family; `parse_line` applies them repeatedly because
+# prefixes nest (journal header, then Ray actor tag, then vLLM process tag, then logger format).
+_OUTER = re.compile(
+    r"(?P<syslog>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[(?P<syslog_pid>\d+)\])?: ?)"
+    r"|(?P<tgi>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? +(?P<tgi_level>TRACE|DEBUG|INFO|WARN|"
+    r"ERROR) (?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
+    r"[\w./-]+\.rs:\d+: )*))"
+    r"|(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: |$))"
+    r"|(?P<dmesg>\[ *\d+\.\d+\] ?)"
+    r"|(?P<kernel>kernel: )"
+    r"|(?P<proc> *\((?P<proc_name>[^()]*(?:\([^()]*(?:\([^()]*\))?[^()]*\))?[^()]*?)"
+    r"(?: rank=\d+)? pid=(?P<proc_pid>\d+)(?:, ip=[\d.]+)?\) ?)"
+    r"|(?P<raylet>\(raylet\) ?(?:\[[\d :,-]+ (?P<raylet_level>[IWEF]) \d+ \d+\] ?)?)"
+    r"|(?P<rank>\[rank(?P<rank_no>\d+)\]: ?)"
+    r"|(?P<compose>[a-zA-Z0-9][\w.-]* +\| ?)"
+)
+
+_INNER = re.compile(
+    r" *(?:"
+    # vLLM v1 `INFO 08-25 12:24:19 [file.py:520] ` and V0 `INFO 01-11 15:51:02 file.py:70] `.
+    r"(?P<vllm>(?P<vllm_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d(?::\d\d)?"
+    r"(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?)"
+    # Custom Python logging `2024-12-19 21:40:35 ERROR 56542 [file.py:64] ` (date already gone).
+    r"|(?P<custom>(?P<custom_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<custom_pid>\d+) "
+    r"\[[\w./-]+:\d+\] ?)"
+    # Ray's own `2025-03-21 19:23:35,946 INFO file.py:2115 -- ` (date already gone).
+    r"|(?P<ray>(?P<ray_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- )"
+    # SGLang `[2025-08-06 20:26:20 DP1 TP0] ` or `[TP0] `; NCCL lines add a bare `[date time] `.
+    r"|(?P<sglang>\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)? ?(?P<sglang_rank>(?:[A-Z]{2,3}"
+    r"\d+ ?)*)\] )"
+    # glog from torch `W1223 23:34:22.775000 1116 torch/utils/cpp_extension.py:2425] `.
+    r"|(?P<glog>(?P<glog_level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +(?P<glog_pid>\d+) "
+    r"[\w./-]+:\d+\] ?)"
+    # torch c10d `[E ProcessGroupNCCL.cpp:475] `, `[W1230 23:19:23.97 ProcessGroupNCCL.cpp:1250] `.
+    r"|(?P<c10d>\[(?P<c10d_level>[IWEF])(?:\d{3,4} [\d:.]+)? [\w./-]+:\d+\] ?)"
+    # NCCL `host:pid:tid [dev] NCCL WARN ...` (the text keeps `NCCL WARN`).
+    r"|(?P<nccl>[\w.-]+:(?P<nccl_pid>\d+):\d+ \[\d+\] (?:[\w./-]+:\d+ )?(?=NCCL ))"
+    r")"
+)
+
+_ANSI = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3})*m")
+_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_LEVELS = {
+    "TRACE": "DEBUG",
+    "DEBUG": "DEBUG",
+    "INFO": "INFO",
+    "WARN": "WARNING",
+    "WARNING": "WARNING",
+    "ERROR": "ERROR",
+    "CRITICAL": "CRITICAL",
+    "I": "INFO",
+    "W": "WARNING",
+    "E": "ERROR",
+    "F": "CRITICAL",
+}
+_MAX_PREFIXES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    """One service line without its prefixes: text, the process that printed it, its level."""
+
+    text: str
+    process: str | None  # from a prefix (pid, worker rank), else the journal pid, else None
+    level: str | None  # DEBUG | INFO | WARNING | ERROR | CRITICAL, when a prefix names one
+
+
+def _clean(raw: str) -> str:
+    """Drop line endings, literal `^M`, ANSI colour codes and Ray's dedup suffix."""
+    text = raw.rstrip("\r\n")
+    if text.endswith("^M"):
+        text = text[:-2]
+    text = text.rstrip("\r")
+    if "[" in text and "m" in text:
+        text = _ANSI.sub("", text)
+        if "across cluster]" in text:
+            text = _REPEATED.sub("", text)
+    return text
+
+
+def _outer(
+    m: re.Match[str], process: str | None, level: str | None
+) -> tuple[str | None, str | None]:
+    """Apply one outer prefix's process and level to what is known so far."""
+    kind = m.lastgroup
+    if kind == "syslog" and process is None:
+        process = f"pid:{m.group('syslog_pid')}"
+    elif kind == "tgi":
+        level = _LEVELS[m.group("tgi_level")]
+    elif kind == "proc":
+        process = f"pid:{m.group('proc_pid')}"
+    elif kind == "raylet":
+        process = "raylet"
+        if m.group("raylet_level"):
+            level = _LEVELS[m.group("raylet_level")]
+    elif kind == "rank":
+        process = f"rank{m.group('rank_no')}"
+    return process, level
+
+
+def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | None]:
+    """The process and level named by a logger-format prefix."""
+    kind = m.lastgroup
+    groups = m.groupdict()
+    level = None
+    for key in ("vllm_level", "custom_level", "ray_level", "glog_level", "c10d_level"):
+        if groups.get(key):
+            level = _LEVELS[groups[key]]
+    if kind == "custom":
+        process = f"pid:{m.group('custom_pid')}"
+    elif kind == "glog":
+        process = f"pid:{m.group('glog_pid')}"
+    elif kind == "nccl":
+        process = f"pid:{m.group('nccl_pid')}"
+        level = "WARNING" if m.string.startswith("NCCL WARN", m.end()) else "INFO"
+    elif kind == "sglang" and m.group("sglang_rank"):
+        process = m.group("sglang_rank").strip()
+    return process, level
+
+
+def parse_line(line: LogLine) -> ParsedLine:
+    """Strip every known prefix from `line.text`; see the corpus README's table of formats."""
+    text = _clean(line.text)
+    process: str | None = None
+    level: str | None = None
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        m = _OUTER.match(text, pos)
+        if m is None or m.end() == pos:
+            break
+        process, level = _outer(m, process, level)
+        pos = m.end()
+    for _ in range(_MAX_PREFIXES):
+        m = _INNER.match(text, pos)
+        if m is None or m.end() == pos:
+            break
+        process, inner_level = _inner(m, process)
+        level = inner_level or level
+        pos = m.end()
+    if process is None and line.pid is not None:
+        process = f"pid:{line.pid}"
+    if level is None and line.priority is not None and line.priority <= 3:
+        level = "ERROR"
+    return ParsedLine(text=text[pos:], process=process, level=level)
+
+
+class Role(Enum):
+    """What a line is, seen from the traceback state machine."""
+
+    MESSAGE = "message"  # an ordinary log message
+    HEADER = "header"  # `Traceback (most recent call last):`, possibly after a message
+    FRAME = "frame"  # `File "...", line N, in fn`
+    CODE = "code"  # the source line or the `^^^^` marker under a frame
+    EXCEPTION = "exception"  # `SomeError: message` ending a traceback
+    DETAIL = "detail"  # further lines of the exception message
+    CHAIN = "chain"  # `The above exception was the direct cause ...` / `During handling ...`
+    IGNORED = "ignored"  # `Exception ignored in: ...` (a destructor's traceback follows)
+    BLANK = "blank"
+
+
+@dataclass(slots=True)
+class TracebackBlock:
+    """One Python traceback of one process: line indices of its parts."""
+
+    process: str
+    header: int | None
+    frames: list[int] = field(default_factory=list)
+    code: dict[int, int] = field(default_factory=dict)  # frame index -> its first code line
+    exception: int | None = None
+    details: list[int] = field(default_factory=list)
+    ignored: bool = False  # printed by `Exception ignored in:`, never a crash
+    chained_from: int | None = None  # block id of the traceback this one was raised from
+
+
+@dataclass(slots=True)
+class Annotated:
+    """All lines of an invocation with their roles and traceback blocks."""
+
+    lines: list[ParsedLine]
+    processes: list[str]  # effective process key per line
+    roles: list[Role]
+    block_of: list[int]  # block id per line, -1 outside tracebacks
+    blocks: list[TracebackBlock]
+
+
+_FRAME = re.compile(r'\s*File "[^"]*"(?:, line \d+)?(?:, in \S.*)?$')
+_TB_HEADER = "Traceback (most recent call last):"
+_CHAIN_MARKERS = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+# An exception line: dotted name with a capitalised last part, then `: message` or nothing.
+_EXC_IN_TB = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?::(?: .*)?)?$")
+# Outside a traceback only names that look like exceptions count (`Note: ...` is prose).
+_EXC_BARE = re.compile(
+    r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Timeout|Failure|Fault)"
+    r"(?:: .*)?$"
+)
+_MAX_DETAILS = 12
+_DEFAULT_PROCESS = "main"
+
+
+@dataclass(slots=True)
+class _State:
+    """Where one process's traceback parser is."""
+
+    block: int = -1  # open block id
+    phase: str = "none"  # none | frames | message
+    exc_level: str | None = None
+    pending_chain: int | None = None  # block id a following traceback is chained from
+    pending_ignored: bool = False
+
+
+def is_exception_line(text: str, *, in_traceback: bool) -> bool:
+    """True when `text` reads as a Python exception line (`ValueError: ...`)."""
+    if not text or text[0].isspace():
+        return False
+    pattern = _EXC_IN_TB if in_traceback else _EXC_BARE
+    return pattern.match(text) is not None
+
+
+def _continues_traceback(text: str) -> bool:
+    """True for un-prefixed text that can only belong to an open traceback."""
+    return (
+        not text
+        or text[0].isspace()
+        or text.startswith(("File ", _TB_HEADER))
+        or text in _CHAIN_MARKERS
+        or is_exception_line(text, in_traceback=True)
+    )
+
+
+class _Annotator:
+    """Per-process traceback state machine over a whole invocation."""
+
+    def __init__(self, lines: list[ParsedLine]) -> None:
+        self.lines = lines
+        self.states: dict[str, _State] = {}
+        self.blocks: list[TracebackBlock] = []
+        self.processes: list[str] = []
+        self.roles: list[Role] = []
+        self.block_of: list[int] = []
+        self._last_process = _DEFAULT_PROCESS
+
+    def run(self) -> Annotated:
+        """Label every line; return the result."""
+        for line in self.lines:
+            process = self._process_of(line)
+            state = self.states.setdefault(process, _State())
+            role = self._step(len(self.roles), line, state, process)
+            self.processes.append(process)
+            self.roles.append(role)
+            self.block_of.append(state.block if role not in (Role.MESSAGE, Role.CHAIN) else -1)
+            self._last_process = process
+        return Annotated(self.lines, self.processes, self.roles, self.block_of, self.blocks)
+
+    def _process_of(self, line: ParsedLine) -> str:
+        """The line's process; un-prefixed traceback lines join the traceback open before them."""
+        if line.process is not None:
+            return line.process
+        last = self.states.get(self._last_process)
+        if last is not None and last.phase != "none" and _continues_traceback(line.text):
+            return self._last_process
+        return _DEFAULT_PROCESS
+
+    def _open(self, index: int | None, state: _State, process: str) -> None:
+        """Start a new traceback block for `process`."""
+        block = TracebackBlock(process=process, header=index, ignored=state.pending_ignored)
+        block.chained_from = state.pending_chain
+        state.pending_chain = None
+        state.pending_ignored = False
+        self.blocks.append(block)
+        state.block = len(self.blocks) - 1
+        state.phase = "frames"
+
+    def _step(self, index: int, line: ParsedLine, state: _State, process: str) -> Role:
+        """Advance `state` by one line and return the line's role."""
+        text = line.text
+        stripped = text.strip()
+        if text.endswith(_TB_HEADER):
+            self._open(index, state, process)
+            return Role.HEADER
+        if stripped in _CHAIN_MARKERS:
+            state.pending_chain = state.block if state.block >= 0 else None
+            state.phase = "none"
+            return Role.CHAIN
+        if stripped.startswith("Exception ignored in"):
+            state.pending_ignored = True
+            state.phase = "none"
+            return Role.IGNORED
+        if _FRAME.match(text):
+            if state.phase != "frames":
+                self._open(None, state, process)
+            self.blocks[state.block].frames.append(index)
+            return Role.FRAME
+        if state.phase == "frames":
+            return self._in_frames(index, line, state)
+        if state.phase == "message":
+            return self._in_message(index, line, state)
+        if not stripped:
+            return Role.BLANK
+        if is_exception_line(text, in_traceback=False):
+            # A logged exception whose traceback was not printed (or cut): a block of its own.
+            self._open(None, state, process)
+            return self._in_frames(index, line, state)
+        return Role.MESSAGE
+
+    def _in_frames(self, index: int, line: ParsedLine, state: _State) -> Role:
+        """Inside a traceback's frames: code lines until the exception line."""
+        text = line.text
+        block = self.blocks[state.block]
+        if not text.strip():
+            return Role.BLANK
+        if is_exception_line(text, in_traceback=True):
+            block.exception = index
+            state.phase = "message"
+            state.exc_level = line.level
+            return Role.EXCEPTION
+        if block.frames and block.frames[-1] not in block.code:
+            block.code[block.frames[-1]] = index
+        return Role.CODE
+
+    def _in_message(self, index: int, line: ParsedLine, state: _State) -> Role:
+        """After the exception line: message continuation until a blank or another format."""
+        block = self.blocks[state.block]
+        text = line.text
+        if not text.strip() or line.level != state.exc_level or len(block.details) >= _MAX_DETAILS:
+            state.phase = "none"
+            return Role.BLANK if not text.strip() else self._step(index, line, state, block.process)
+        block.details.append(index)
+        return Role.DETAIL
+
+
+def parse_lines(lines: Sequence[LogLine]) -> list[ParsedLine]:
+    """`parse_line` over a sequence."""
+    return [parse_line(line) for line in lines]
+
+
+def annotate(lines: Sequence[LogLine]) -> Annotated:
+    """Parse every line, de-interleave by process and reassemble the tracebacks."""
+    return _Annotator(parse_lines(lines)).run()

@@ -1,0 +1,192 @@
+"""Validate one signature TOML file into plain specs, with messages that name the fix.
+
+Kept apart from `signatures.py` (which compiles and matches) so that the rules of the file
+format read in one place. Every error names the file, the signature id and the field, e.g.
+`config/signatures/vllm.toml: signature 'x': patterns[1]: invalid regex: missing )`.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import SignatureTableError
+from supervisor.model import Severity
+
+_ID = re.compile(r"[a-z][a-z0-9_]*\Z")
+_NAMED_GROUP = re.compile(r"\(\?P<([A-Za-z_]\w*)>")
+_KEYS = {
+    "id": str,
+    "patterns": list,
+    "severity": str,
+    "title": str,
+    "remediation": str,
+    "priority": int,
+    "source": str,
+    "notes": str,
+    "kind": str,
+    "wrapper": bool,
+    "frames": list,
+}
+_REQUIRED = ("id", "patterns", "title")
+_KINDS = ("cause", "noise")
+_SEVERITIES = {"fatal": Severity.FATAL, "transient": Severity.TRANSIENT}
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureSpec:
+    """A validated `[[signature]]` entry, not yet compiled."""
+
+    id: str
+    title: str
+    severity: Severity
+    remediation: str | None
+    priority: int
+    source: str | None
+    kind: str  # cause | noise | wrapper
+    domain: str
+    patterns: tuple[str, ...]
+    frames: tuple[str, ...]
+    notes: str | None
+
+
+class _Where:
+    """Builds error messages that point at one field of one signature."""
+
+    def __init__(self, path: Path, sig_id: str | None) -> None:
+        self.prefix = f"{path}: signature '{sig_id}'" if sig_id else f"{path}: signature"
+
+    def error(self, field_name: str, message: str) -> SignatureTableError:
+        return SignatureTableError(f"{self.prefix}: {field_name}: {message}")
+
+
+def _check_types(raw: dict[str, Any], where: _Where) -> None:
+    """Unknown keys, missing keys and wrong types."""
+    for key, value in raw.items():
+        if key not in _KEYS:
+            allowed = ", ".join(sorted(_KEYS))
+            raise where.error(key, f"unknown key (allowed: {allowed})")
+        expected = _KEYS[key]
+        # bool is an int subclass; `priority = true` is a mistake, not 1.
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise where.error(key, f"must be a {expected.__name__}, got {type(value).__name__}")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise where.error(key, "missing (required)")
+
+
+def _regex_list(
+    raw: dict[str, Any], key: str, where: _Where, compile_: Callable[[str], Any]
+) -> tuple[str, ...]:
+    """A list of valid regexes under `key`."""
+    values = raw.get(key, [])
+    if key == "patterns" and not values:
+        raise where.error(key, "must hold at least one regex")
+    for index, pattern in enumerate(values):
+        if not isinstance(pattern, str):
+            raise where.error(f"{key}[{index}]", f"must be a str, got {type(pattern).__name__}")
+        try:
+            compile_(pattern)
+        except ValueError as exc:
+            raise where.error(f"{key}[{index}]", str(exc)) from exc
+    return tuple(values)
+
+
+def _kind(raw: dict[str, Any], where: _Where) -> str:
+    """cause | noise | wrapper, from `kind` and `wrapper`."""
+    kind = raw.get("kind", "cause")
+    if kind not in _KINDS:
+        raise where.error("kind", f"must be one of {', '.join(_KINDS)}, got {kind!r}")
+    if raw.get("wrapper", False):
+        if kind == "noise":
+            raise where.error("wrapper", "a noise entry cannot also be a wrapper")
+        return "wrapper"
+    return str(kind)
+
+
+def _severity(raw: dict[str, Any], kind: str, where: _Where) -> Severity:
+    """Required for causes; optional for wrappers; absent for noise."""
+    value = raw.get("severity")
+    if value is None:
+        if kind == "cause":
+            raise where.error("severity", "missing (required): fatal or transient")
+        return Severity.UNKNOWN
+    if kind == "noise":
+        raise where.error("severity", "a noise entry has no severity")
+    if value not in _SEVERITIES:
+        raise where.error("severity", f"must be fatal or transient, got {value!r}")
+    return _SEVERITIES[value]
+
+
+def _check_template(template: str, patterns: tuple[str, ...], where: _Where) -> None:
+    """Every `{name}` in the remediation must be a named group of some pattern."""
+    defined = {name for p in patterns for name in _NAMED_GROUP.findall(p)}
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise where.error("remediation", f"bad template: {exc}") from exc
+    for name in fields:
+        if not name.isidentifier():
+            raise where.error("remediation", f"template field {{{name}}} must be a plain name")
+        if name not in defined:
+            known = ", ".join(sorted(defined)) or "none"
+            raise where.error(
+                "remediation",
+                f"names capture {{{name}}} that no pattern defines (defined: {known})",
+            )
+
+
+def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec:
+    """Validate one raw `[[signature]]` table."""
+    if not isinstance(raw, dict):
+        raise SignatureTableError(f"{path}: each [[signature]] must be a table")
+    sig_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+    where = _Where(path, sig_id)
+    _check_types(raw, where)
+    if not _ID.match(raw["id"]):
+        raise where.error("id", "must be snake_case ([a-z][a-z0-9_]*)")
+    patterns = _regex_list(raw, "patterns", where, compile_)
+    kind = _kind(raw, where)
+    remediation = raw.get("remediation")
+    if remediation is not None:
+        _check_template(remediation, patterns, where)
+    return SignatureSpec(
+        id=raw["id"],
+        title=raw["title"],
+        severity=_severity(raw, kind, where),
+        remediation=remediation,
+        priority=raw.get("priority", 0),
+        source=raw.get("source"),
+        kind=kind,
+        domain=path.stem,
+        patterns=patterns,
+        frames=_regex_list(raw, "frames", where, compile_),
+        notes=raw.get("notes"),
+    )
+
+
+def parse_table_file(path: Path, compile_: Callable[[str], Any]) -> list[SignatureSpec]:
+    """Read one TOML file of `[[signature]]` entries; raise SignatureTableError on any fault."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SignatureTableError(f"{path}: invalid TOML: {exc}") from exc
+    extra = sorted(set(data) - {"signature"})
+    if extra:
+        raise SignatureTableError(f"{path}: unknown top-level key(s) {extra}; only [[signature]]")
+    entries = data.get("signature", [])
+    if not isinstance(entries, list):
+        raise SignatureTableError(f"{path}: 'signature' must be an array of tables [[signature]]")
+    specs = [_spec(raw, path, compile_) for raw in entries]
+    ids = [s.id for s in specs]
+    for sig_id in ids:
+        if ids.count(sig_id) > 1:
+            raise SignatureTableError(f"{path}: signature '{sig_id}': id: duplicate in this file")
+    return specs

@@ -1,0 +1,267 @@
+"""Load, validate, compile and match the crash signature table.
+
+The table is data (`config/signatures/<domain>.toml`), so a new crash class is a reviewed TOML
+entry with a test vector, not code. Every pattern is compiled with RE2, whose matching time is
+linear in the line length: a hostile or pathological log line cannot stall the daemon. All
+patterns also go into one `re2.Set`, so a line is scanned once whatever the table's size, and the
+individual regexes run only for the few signatures the set reports.
+
+Ranking when several signatures match one line: noise first (a noise line is never a cause),
+then causes, then generic wrappers; within a kind the higher `priority`, then the table order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import re2
+
+import supervisor
+from supervisor.errors import SignatureTableError
+from supervisor.model import Severity
+from supervisor.signature_schema import SignatureSpec, parse_table_file
+
+ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
+DEFAULT_MAX_LINE_CHARS = 4096
+
+_KIND_RANK = {"noise": 2, "cause": 1, "wrapper": 0}
+
+
+def _default_signature_dir() -> Path:
+    """The env override, the installed package's data dir, or the repository's config dir."""
+    env = os.environ.get(ENV_SIGNATURE_DIR)
+    if env:
+        return Path(env)
+    packaged = Path(supervisor.__file__).parent / "data" / "signatures"
+    if packaged.is_dir():
+        return packaged
+    return Path(supervisor.__file__).resolve().parent.parent / "config" / "signatures"
+
+
+DEFAULT_SIGNATURE_DIR: Path = _default_signature_dir()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signature:
+    """One crash class: how to recognise its line and what it means."""
+
+    id: str
+    title: str
+    severity: Severity  # UNKNOWN for noise and for wrappers that name no severity
+    remediation: str | None
+    priority: int
+    source: str | None
+    kind: str  # cause | noise | wrapper
+    domain: str  # the file stem: vllm, cuda, nccl, ...
+    patterns: tuple[str, ...]
+    frames: tuple[str, ...] = ()  # when set, a traceback frame must match one of these
+    notes: str | None = None
+    order: int = 0  # position in the table, the last tie-breaker
+    compiled: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    compiled_frames: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+
+    def render_remediation(self, captures: Mapping[str, str]) -> str | None:
+        """The remediation with `{capture}` names filled in (`?` for one the line lacked)."""
+        if self.remediation is None:
+            return None
+        return self.remediation.format_map(_Captures(captures))
+
+
+class _Captures(dict[str, str]):
+    """format_map helper: a capture the matching pattern did not define renders as `?`."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureMatch:
+    """The best signature for one line, with the named groups its pattern captured."""
+
+    signature: Signature
+    captures: Mapping[str, str]
+    pattern_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class MatchExplanation:
+    """For `signatures test`: whether one signature matched a line, and why (not)."""
+
+    signature: Signature
+    matched: bool
+    reason: str
+    pattern_index: int | None = None
+    captures: Mapping[str, str] = field(default_factory=dict)
+
+
+def _options() -> Any:
+    """RE2 options: UTF-8, no logging of bad patterns to stderr (we report them ourselves)."""
+    options = re2.Options()
+    options.log_errors = False
+    return options
+
+
+def compile_pattern(pattern: str) -> Any:
+    """Compile one RE2 regex; raise ValueError with RE2's reason when it is invalid."""
+    try:
+        return re2.compile(pattern, options=_options())
+    except re2.error as exc:
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ValueError(f"invalid regex: {reason}") from exc
+
+
+class SignatureTable:
+    """The compiled table: `match` one stripped line, `explain` it, or take a `subset`."""
+
+    def __init__(
+        self, signatures: Sequence[Signature], *, max_line_chars: int = DEFAULT_MAX_LINE_CHARS
+    ) -> None:
+        self.signatures: tuple[Signature, ...] = tuple(signatures)
+        self.max_line_chars = max_line_chars
+        self._owners: list[tuple[int, int]] = []  # set index -> (signature index, pattern index)
+        self._set = re2.Set.SearchSet(_options())
+        for sig_index, signature in enumerate(self.signatures):
+            for pattern_index, pattern in enumerate(signature.patterns):
+                self._set.Add(pattern)
+                self._owners.append((sig_index, pattern_index))
+        self._set.Compile()
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    @property
+    def domains(self) -> frozenset[str]:
+        """The domains (file stems) the table holds."""
+        return frozenset(s.domain for s in self.signatures)
+
+    def _hits(self, text: str) -> list[tuple[int, int]]:
+        """(signature, pattern) pairs whose pattern the set finds in `text`, best first."""
+        if not self._owners:
+            return []
+        hits = sorted({self._owners[i] for i in self._set.Match(text) or ()})
+        hits.sort(key=lambda hit: _rank(self.signatures[hit[0]]))
+        return hits
+
+    def match(self, text: str, *, frames: Sequence[str] = ()) -> SignatureMatch | None:
+        """The best signature for one stripped line; `frames` are its traceback's frame lines."""
+        text = text[: self.max_line_chars]
+        for sig_index, pattern_index in self._hits(text):
+            signature = self.signatures[sig_index]
+            m = signature.compiled[pattern_index].search(text)
+            if m is None or not _frames_ok(signature, frames):
+                continue
+            return SignatureMatch(signature, _captures(m), pattern_index)
+        return None
+
+    def explain(self, text: str, *, frames: Sequence[str] = ()) -> list[MatchExplanation]:
+        """Every signature with whether it matched `text` and why (not), best match first."""
+        text = text[: self.max_line_chars]
+        best = self.match(text, frames=frames)
+        result = [self._explain_one(s, text, frames, best) for s in self.signatures]
+        result.sort(key=lambda e: (not e.matched, _rank(e.signature)))
+        return result
+
+    def _explain_one(
+        self, signature: Signature, text: str, frames: Sequence[str], best: SignatureMatch | None
+    ) -> MatchExplanation:
+        for index, regex in enumerate(signature.compiled):
+            m = regex.search(text)
+            if m is None:
+                continue
+            if not _frames_ok(signature, frames):
+                return MatchExplanation(
+                    signature, False, f"patterns[{index}] matched but no traceback frame matches"
+                )
+            if best is not None and best.signature.id != signature.id:
+                reason = f"patterns[{index}] matched; outranked by '{best.signature.id}'"
+                return MatchExplanation(signature, False, reason, index, _captures(m))
+            return MatchExplanation(
+                signature, True, f"patterns[{index}] matched", index, _captures(m)
+            )
+        return MatchExplanation(signature, False, "no pattern matched")
+
+    def subset(self, domains: Collection[str]) -> SignatureTable:
+        """A table with only the signatures of `domains` (per-unit signature sets)."""
+        unknown = sorted(set(domains) - self.domains)
+        if unknown:
+            known = ", ".join(sorted(self.domains))
+            raise SignatureTableError(f"unknown signature domain(s) {unknown}; known: {known}")
+        chosen = [s for s in self.signatures if s.domain in domains]
+        return SignatureTable(chosen, max_line_chars=self.max_line_chars)
+
+
+def _rank(signature: Signature) -> tuple[int, int, int]:
+    """Sort key, best first: noise, then cause, then wrapper; higher priority; table order."""
+    return (-_KIND_RANK[signature.kind], -signature.priority, signature.order)
+
+
+def _frames_ok(signature: Signature, frames: Sequence[str]) -> bool:
+    """True when the signature needs no frame, or one of `frames` matches its frame patterns."""
+    if not signature.compiled_frames:
+        return True
+    return any(rx.search(f) is not None for rx in signature.compiled_frames for f in frames)
+
+
+def _captures(m: Any) -> Mapping[str, str]:
+    """The named groups that took part in the match."""
+    return MappingProxyType({k: v for k, v in m.groupdict().items() if v is not None})
+
+
+def _build(spec: SignatureSpec, order: int) -> Signature:
+    """A compiled Signature from a validated spec."""
+    return Signature(
+        id=spec.id,
+        title=spec.title,
+        severity=spec.severity,
+        remediation=spec.remediation,
+        priority=spec.priority,
+        source=spec.source,
+        kind=spec.kind,
+        domain=spec.domain,
+        patterns=spec.patterns,
+        frames=spec.frames,
+        notes=spec.notes,
+        order=order,
+        compiled=tuple(compile_pattern(p) for p in spec.patterns),
+        compiled_frames=tuple(compile_pattern(p) for p in spec.frames),
+    )
+
+
+def _table_files(paths: Sequence[Path] | None) -> list[Path]:
+    """The TOML files to load: directories expand to their sorted `*.toml`."""
+    files: list[Path] = []
+    for path in [DEFAULT_SIGNATURE_DIR] if paths is None else paths:
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.toml")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise SignatureTableError(f"{path}: no such signature file or directory")
+    if not files:
+        raise SignatureTableError(f"no signature files found in {', '.join(map(str, paths or []))}")
+    return files
+
+
+def load_signature_table(
+    paths: Sequence[Path] | None = None, *, max_line_chars: int = DEFAULT_MAX_LINE_CHARS
+) -> SignatureTable:
+    """Load and validate every signature file; `None` loads the shipped default directory."""
+    specs: list[SignatureSpec] = []
+    seen: dict[str, Path] = {}
+    for path in _table_files(paths):
+        for spec in parse_table_file(path, compile_pattern):
+            if spec.id in seen:
+                raise SignatureTableError(
+                    f"{path}: signature '{spec.id}': id: duplicate, already defined in "
+                    f"{seen[spec.id]}"
+                )
+            seen[spec.id] = path
+            specs.append(spec)
+    return SignatureTable(
+        [_build(spec, i) for i, spec in enumerate(specs)], max_line_chars=max_line_chars
+    )
