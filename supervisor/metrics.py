@@ -200,6 +200,9 @@ class Metrics:
         self._crashes.labels(unit, UNKNOWN, Severity.UNKNOWN.value)
         for signature, severity in self._severities.items():
             self._crashes.labels(unit, signature, severity)
+        for signature in self._signatures:
+            # Real halts per signature: the fleet alert's increase() needs the series at 0.
+            self._decisions.labels(unit, signature, Action.HALT.value, "false")
         for action in Action:
             for dry in ("false", "true"):
                 self._decisions.labels(unit, UNKNOWN, action.value, dry)
