@@ -64,7 +64,9 @@ class SlackServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
