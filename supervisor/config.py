@@ -311,7 +311,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:  # noqa: PLR0911 - one bra
             return None
         inner = [a for a in args if a is not type(None)]
         return _convert(inner[0], value, key)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, f"{key}.")
     if origin is tuple:
         if not isinstance(value, list):

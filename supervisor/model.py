@@ -15,6 +15,10 @@ from typing import Any
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+def _empty() -> Mapping[str, str]:
+    return EMPTY
+
+
 class Severity(StrEnum):
     """How a crash behaves under a restart."""
 
@@ -64,7 +68,7 @@ class JournalEntry:
     message_id: str | None = None
     from_pid1: bool = False
     # Lifecycle fields (EXIT_CODE, EXIT_STATUS, UNIT_RESULT, N_RESTARTS, JOB_RESULT, ...).
-    fields: Mapping[str, str] = field(default=EMPTY)
+    fields: Mapping[str, str] = field(default_factory=_empty)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +123,7 @@ class Verdict:
     title: str
     root_cause: str | None
     crash_site: str | None = None
-    captures: Mapping[str, str] = field(default=EMPTY)
+    captures: Mapping[str, str] = field(default_factory=_empty)
     remediation: str | None = None
     fingerprint: str | None = None
     # True when the lines show a crash (a traceback, an error-level cause, a matched signature),

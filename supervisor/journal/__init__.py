@@ -1,0 +1,1 @@
+"""Reading the journal: the export-format parser and the journalctl follower."""

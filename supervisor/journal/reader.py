@@ -1,0 +1,217 @@
+"""Follow (or read once) the journal through a `journalctl -o export` child process.
+
+A subprocess, not an in-process libsystemd reader: readers linked to libsystemd have crashed with
+SIGBUS while journald rotated files before systemd 255, and a crash of the reader must not take
+the supervisor with it. Vector, Filebeat and the OpenTelemetry collector do the same.
+
+Resuming: `--after-cursor` combined with `-u` skipped a line before systemd PR #30336 (Dec 2023;
+this machine has 252), so the reader seeks with the inclusive `--cursor` and drops the one entry
+whose cursor equals the saved one. A dead child is restarted with exponential backoff from the
+last entry the caller received, which (batches being handled before the next is requested) is the
+last entry handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from supervisor.errors import JournalError
+from supervisor.journal.export import OUTPUT_FIELDS, ExportParser, decode_all
+from supervisor.model import JournalEntry
+
+log = structlog.get_logger(__name__)
+
+READ_SIZE = 1 << 20
+TERMINATE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderSettings:
+    """Everything that shapes the journalctl command line."""
+
+    units: tuple[str, ...] = ()  # empty: every entry of the journal
+    directory: Path | None = None  # journalctl -D; None: the system journal
+    files: tuple[Path, ...] = ()  # journalctl --file
+    journalctl: str = "journalctl"
+    follow: bool = True
+    start_at: str = "tail"  # with no cursor: "head" or "tail"
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    max_line_chars: int = 16384
+
+
+def journalctl_argv(settings: ReaderSettings, cursor: str | None) -> list[str]:
+    """The journalctl command line for one run of the reader."""
+    argv = [
+        settings.journalctl,
+        "--output=export",
+        "--output-fields=" + b",".join(OUTPUT_FIELDS).decode(),
+        "--no-pager",
+        "--quiet",
+    ]
+    if settings.directory is not None:
+        argv.append(f"--directory={settings.directory}")
+    argv += [f"--file={path}" for path in settings.files]
+    argv += [f"--unit={unit}" for unit in settings.units]
+    if settings.follow:
+        # Entries of earlier boots matter too (a saved directory, a reboot while halted).
+        argv += ["--follow", "--boot=all"]
+    if cursor is not None:
+        argv.append(f"--cursor={cursor}")
+    elif settings.follow and settings.start_at == "tail":
+        argv.append("--lines=0")
+    elif settings.follow:
+        argv.append("--no-tail")
+    return argv
+
+
+class JournalctlReader:
+    """Yields batches of entries from journalctl, restarting it when it dies."""
+
+    def __init__(
+        self,
+        settings: ReaderSettings,
+        *,
+        cursor: str | None = None,
+        on_restart: Callable[[str], None] | None = None,
+        on_invalid: Callable[[int], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cursor = cursor
+        self.following = asyncio.Event()  # set while a journalctl child runs
+        self.restarts = 0
+        self._on_restart = on_restart or (lambda reason: None)
+        self._on_invalid = on_invalid or (lambda count: None)
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
+        """Entries in journal order, in batches; ends at EOF when not following, or on `stop`."""
+        stop = stop or asyncio.Event()
+        backoff = self.settings.backoff_s
+        while not stop.is_set():
+            received = 0
+            async for batch in self._run_once(stop):
+                received += len(batch)
+                backoff = self.settings.backoff_s
+                yield batch
+            if stop.is_set() or not self.settings.follow:
+                return
+            self.following.clear()
+            self.restarts += 1
+            reason = "exited" if received or self.cursor is None else "no_output"
+            self._on_restart(reason)
+            log.warning("journal_reader_restarting", reason=reason, backoff_s=backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+            backoff = min(backoff * 2, self.settings.backoff_max_s)
+
+    async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
+        argv = journalctl_argv(self.settings, self.cursor)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise JournalError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
+        self._process = process
+        self.following.set()
+        stderr_task = asyncio.create_task(_drain_stderr(process))
+        try:
+            async for batch in self._read(process, stop):
+                yield batch
+        finally:
+            await terminate(process)
+            errors = await stderr_task
+            self._process = None
+        await self._after_exit(process.returncode, errors)
+
+    async def _read(
+        self, process: asyncio.subprocess.Process, stop: asyncio.Event
+    ) -> AsyncIterator[list[JournalEntry]]:
+        assert process.stdout is not None  # noqa: S101 - created with PIPE above
+        parser = ExportParser()
+        skip = self.cursor  # --cursor is inclusive: the saved entry comes first again
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                read = asyncio.ensure_future(process.stdout.read(READ_SIZE))
+                done, _ = await asyncio.wait({read, stop_wait}, return_when="FIRST_COMPLETED")
+                if read not in done:
+                    read.cancel()
+                    return
+                chunk = read.result()
+                if not chunk:
+                    return
+                invalid = parser.invalid
+                entries = decode_all(parser.feed(chunk), max_chars=self.settings.max_line_chars)
+                if parser.invalid != invalid:
+                    self._on_invalid(parser.invalid - invalid)
+                if skip is not None and entries:
+                    if entries[0].cursor == skip:
+                        entries = entries[1:]
+                    skip = None
+                if entries:
+                    self.cursor = entries[-1].cursor
+                    yield entries
+        finally:
+            stop_wait.cancel()
+
+    async def _after_exit(self, returncode: int | None, errors: list[str]) -> None:
+        if returncode in (0, None, -signal.SIGTERM):
+            return
+        message = "; ".join(errors[-3:]) or f"exit status {returncode}"
+        log.warning("journalctl_failed", returncode=returncode, error=message)
+        if any("cursor" in line.lower() for line in errors) and self.cursor is not None:
+            # A cursor of another journal (or a corrupt one) is refused by journalctl outright;
+            # following from where the caller's policy says beats a crash loop of our own.
+            log.warning("journal_cursor_rejected", cursor=self.cursor, error=message)
+            self.cursor = None
+        if not self.settings.follow:
+            raise JournalError(f"journalctl failed: {message}")
+
+    async def aclose(self) -> None:
+        """Stop the child if one runs."""
+        if self._process is not None:
+            await terminate(self._process)
+
+
+async def terminate(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM the child (only ours), then SIGKILL if it does not exit in time."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), TERMINATE_TIMEOUT_S)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+async def _drain_stderr(process: asyncio.subprocess.Process) -> list[str]:
+    """Collect journalctl's complaints (bounded) so a failure can be explained."""
+    lines: list[str] = []
+    assert process.stderr is not None  # noqa: S101 - created with PIPE
+    async for raw in process.stderr:
+        lines.append(raw.decode("utf-8", "replace").rstrip())
+        del lines[:-20]
+    return lines
+
+
+async def read_all(settings: ReaderSettings) -> AsyncIterator[list[JournalEntry]]:
+    """Read a journal once (no follow), e.g. for `triage` of a saved directory."""
+    reader = JournalctlReader(dataclasses.replace(settings, follow=False))
+    async for batch in reader.batches():
+        yield batch

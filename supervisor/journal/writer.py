@@ -1,0 +1,211 @@
+"""Writes real journal files without a running systemd, through systemd-journal-remote.
+
+journal-remote reads journal export format on stdin and appends to a journal file that the real
+`journalctl -D DIR` reads (and follows live). The demo, the tests and the benchmark use this to
+produce genuine journal files instead of imitations.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from supervisor.errors import JournalError
+from supervisor.model import LifecycleEvent
+
+JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
+FieldValue = str | bytes | int
+
+
+def export_entry(fields: Mapping[str, FieldValue]) -> bytes:
+    """One entry in journal export format; values that are not plain text go binary."""
+    out = bytearray()
+    for key, value in fields.items():
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        if b"\n" in raw or not _printable(raw):
+            out += key.encode() + b"\n" + len(raw).to_bytes(8, "little") + raw + b"\n"
+        else:
+            out += key.encode() + b"=" + raw + b"\n"
+    return bytes(out + b"\n")
+
+
+def _printable(raw: bytes) -> bool:
+    return all(b >= 0x20 or b == 0x09 for b in raw)
+
+
+@dataclass(slots=True)
+class EntryFactory:
+    """Adds the trusted fields journald would add: cursor, timestamps, boot id."""
+
+    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    seqnum_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    clock_us: int = field(default_factory=lambda: int(time.time() * 1e6))
+    seqnum: int = 0
+
+    def entry(self, fields: Mapping[str, FieldValue], *, now_us: int | None = None) -> bytes:
+        """Export bytes for one entry with journald's trusted fields filled in."""
+        self.seqnum += 1
+        self.clock_us = max(self.clock_us + 1, now_us or 0)
+        head: dict[str, FieldValue] = {
+            "__CURSOR": f"s={self.seqnum_id};i={self.seqnum:x};b={self.boot_id};"
+            f"m={self.seqnum:x};t={self.clock_us:x};x=0",
+            "__REALTIME_TIMESTAMP": self.clock_us,
+            "__MONOTONIC_TIMESTAMP": self.seqnum,
+            "_BOOT_ID": self.boot_id,
+        }
+        return export_entry({**head, **fields})
+
+
+class JournalWriter:
+    """A running systemd-journal-remote appending entries to `directory/remote.journal`."""
+
+    def __init__(self, directory: Path, *, factory: EntryFactory | None = None) -> None:
+        binary = shutil.which(JOURNAL_REMOTE) or shutil.which("systemd-journal-remote")
+        if binary is None:
+            raise JournalError(
+                f"{JOURNAL_REMOTE} not found: install the Debian package systemd-journal-remote"
+            )
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.factory = factory or EntryFactory()
+        self._process = subprocess.Popen(
+            [binary, f"--output={directory / 'remote.journal'}", "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    @property
+    def pid(self) -> int:
+        """The journal-remote process (killed only by this writer)."""
+        return self._process.pid
+
+    def write(self, entries: Iterable[Mapping[str, FieldValue]], *, flush: bool = True) -> None:
+        """Append entries; with `flush` they are handed to journal-remote at once."""
+        assert self._process.stdin is not None  # noqa: S101 - created with PIPE
+        for fields in entries:
+            self._process.stdin.write(self.factory.entry(fields))
+        if flush:
+            self._process.stdin.flush()
+
+    def nudge(self) -> None:
+        """Wake followers, as journald does after each write (journal_file_post_change).
+
+        journal-remote coalesces these wake-ups, and `journalctl --follow` only reads on an
+        inotify event, so entries can sit unseen until the next write. Truncating the file to its
+        own size is exactly journald's signal (IN_MODIFY) and changes nothing.
+        """
+        path = self.directory / "remote.journal"
+        if path.exists():
+            os.truncate(path, path.stat().st_size)
+
+    def close(self) -> None:
+        """Finish the file: journal-remote writes everything and exits on EOF."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        returncode = self._process.wait(timeout=60)
+        stderr = self._process.stderr.read() if self._process.stderr is not None else b""
+        if returncode != 0:
+            raise JournalError(f"journal-remote failed: {stderr.decode(errors='replace')[-500:]}")
+
+    def __enter__(self) -> JournalWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def service_lines(
+    unit: str, invocation_id: str, lines: Sequence[str], *, pid: int = 4242
+) -> Iterator[dict[str, FieldValue]]:
+    """Entries for lines a service printed (as journald stores stdout of a unit)."""
+    for line in lines:
+        yield {
+            "_SYSTEMD_UNIT": unit,
+            "_SYSTEMD_INVOCATION_ID": invocation_id,
+            "_PID": pid,
+            "PRIORITY": 6,
+            "SYSLOG_IDENTIFIER": unit.split(".")[0],
+            "_TRANSPORT": "stdout",
+            "MESSAGE": line,
+        }
+
+
+def lifecycle(
+    unit: str, invocation_id: str, event: LifecycleEvent, message: str, **fields: FieldValue
+) -> dict[str, FieldValue]:
+    """One of PID 1's messages about a unit, as systemd 252 writes it."""
+    return {
+        "_PID": 1,
+        "_SYSTEMD_UNIT": "init.scope",
+        "SYSLOG_IDENTIFIER": "systemd",
+        "_TRANSPORT": "journal",
+        "PRIORITY": 6,
+        "UNIT": unit,
+        "INVOCATION_ID": invocation_id,
+        "MESSAGE_ID": event.value,
+        "MESSAGE": f"{unit}: {message}"
+        if not message.startswith(("Started", "Stopped"))
+        else message,
+        **fields,
+    }
+
+
+def crashed_invocation(
+    unit: str,
+    lines: Sequence[str],
+    *,
+    exit_status: int = 1,
+    restarts: int | None = None,
+    invocation_id: str | None = None,
+    pid: int = 4242,
+) -> list[dict[str, FieldValue]]:
+    """A whole invocation that crashes: start, its lines, exit, failure, restart scheduled."""
+    inv = invocation_id or uuid.uuid4().hex
+    entries: list[dict[str, FieldValue]] = [
+        lifecycle(unit, inv, LifecycleEvent.JOB_STARTED, f"Started {unit}.", JOB_RESULT="done")
+    ]
+    entries += service_lines(unit, inv, lines, pid=pid)
+    code = "exited" if exit_status < 128 else "killed"
+    entries.append(
+        lifecycle(
+            unit,
+            inv,
+            LifecycleEvent.PROCESS_EXITED,
+            f"Main process exited, code={code}, status={exit_status}/FAILURE",
+            EXIT_CODE=code,
+            EXIT_STATUS=exit_status,
+        )
+    )
+    entries.append(
+        lifecycle(
+            unit,
+            inv,
+            LifecycleEvent.UNIT_FAILED,
+            "Failed with result 'exit-code'.",
+            UNIT_RESULT="exit-code",
+        )
+    )
+    if restarts is not None:
+        entries.append(
+            lifecycle(
+                unit,
+                inv,
+                LifecycleEvent.RESTART_SCHEDULED,
+                f"Scheduled restart job, restart counter is at {restarts}.",
+                N_RESTARTS=restarts,
+            )
+        )
+    return entries

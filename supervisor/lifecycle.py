@@ -1,0 +1,235 @@
+"""The invocation tracker: groups journal entries into starts of a unit and sees each one end.
+
+An invocation is one start of a unit, named by systemd's invocation id (`_SYSTEMD_INVOCATION_ID`
+on the service's lines, `INVOCATION_ID` on PID 1's messages about it). It ends on PID 1's
+lifecycle messages, recognised by MESSAGE_ID and never by their text: "Failed with result" or
+"Deactivated successfully" (after "Main process exited" gave the exit code), an OOM kill, a skipped
+start, or, failing those, the first entry of the unit's next invocation.
+
+Memory is bounded whatever the invocation's length: the first lines, the last lines and the lines
+that look like errors or tracebacks are kept; everything else is only counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from supervisor.config import TrackerConfig
+from supervisor.model import Invocation, JournalEntry, LifecycleEvent, LogLine
+
+# Lines worth keeping past the head and tail caps: errors, tracebacks and their frames.
+_IMPORTANT = re.compile(
+    r"Traceback|Error|ERROR|error:|Exception|CRITICAL|FATAL|Fatal|File \"|raise |"
+    r"died|[Kk]illed|signal|NCCL WARN|assert|Xid|No such file|not found|[Ff]ailed|Abort|"
+    r"Segmentation|core dumped|does not match|not supported|out of memory",
+)
+_FRAME = re.compile(r'^\s*(?:\S.*\s)?File "')
+_START_LIMIT = "Start request repeated too quickly"
+_ENDING = {
+    LifecycleEvent.UNIT_FAILED.value,
+    LifecycleEvent.DEACTIVATED.value,
+    LifecycleEvent.CONDITION_SKIPPED.value,
+}
+
+_Row = tuple[int, str, int | None, int | None, int]  # seq, text, pid, priority, realtime_us
+
+
+@dataclass(slots=True)
+class _Builder:
+    """The mutable state of one open invocation."""
+
+    unit: str | None
+    invocation_id: str | None
+    caps: TrackerConfig
+    first_cursor: str | None = None
+    started_us: int | None = None
+    restarts: int = 0
+    head: list[_Row] = field(default_factory=list)
+    tail: deque[_Row] = field(default_factory=deque)
+    important: list[_Row] = field(default_factory=list)
+    total: int = 0
+    suppressed: int = 0
+    exit_code: str | None = None
+    exit_status: int | None = None
+    result: str | None = None
+    oom_killed: bool = False
+    skipped: bool = False
+    last_cursor: str | None = None
+    ended_us: int | None = None
+    _after_frame: set[int | None] = field(default_factory=set)
+
+    def add_line(self, seq: int, entry: JournalEntry) -> None:
+        row: _Row = (seq, entry.message, entry.pid, entry.priority, entry.realtime_us)
+        self.total += 1
+        if len(self.head) < self.caps.head_lines:
+            self.head.append(row)
+            return
+        self.tail.append(row)
+        if len(self.tail) > self.caps.tail_lines:
+            self._keep_if_important(self.tail.popleft())
+
+    def _keep_if_important(self, row: _Row) -> None:
+        """Decide, as a line leaves the tail window, whether it stays."""
+        _, text, pid, priority, _ = row
+        # The line after a traceback frame is its source code (the crash site): keep it too.
+        after_frame = pid in self._after_frame
+        if _FRAME.search(text):
+            self._after_frame.add(pid)
+        else:
+            self._after_frame.discard(pid)
+        if len(self.important) >= self.caps.max_error_lines:
+            return
+        if after_frame or (priority if priority is not None else 7) <= 3 or _IMPORTANT.search(text):
+            self.important.append(row)
+
+    def build(self) -> Invocation:
+        rows = sorted({r[0]: r for r in (*self.head, *self.important, *self.tail)}.values())
+        lines = tuple(
+            LogLine(text=text, pid=pid, priority=prio, realtime_us=ts)
+            for _, text, pid, prio, ts in rows
+        )
+        return Invocation(
+            unit=self.unit,
+            invocation_id=self.invocation_id,
+            lines=lines,
+            total_lines=self.total,
+            dropped_lines=self.total - len(lines),
+            suppressed_lines=self.suppressed,
+            exit_code=self.exit_code,
+            exit_status=self.exit_status,
+            result="exec-condition" if self.skipped else self.result,
+            restarts=self.restarts,
+            oom_killed=self.oom_killed,
+            started_us=self.started_us,
+            ended_us=self.ended_us,
+            first_cursor=self.first_cursor,
+            last_cursor=self.last_cursor,
+        )
+
+
+class InvocationTracker:
+    """Feeds on journal entries; returns each invocation as it ends."""
+
+    def __init__(self, caps: TrackerConfig | None = None) -> None:
+        self.caps = caps or TrackerConfig()
+        self._open: dict[str | None, _Builder] = {}  # by unit: one running invocation each
+        self._restarts: dict[str | None, int] = {}
+        self._seq = itertools.count()
+
+    def feed(self, entry: JournalEntry) -> list[Invocation]:
+        """Account for one entry; return the invocations it ended (usually none)."""
+        unit = entry.unit
+        ended: list[Invocation] = []
+        current = self._open.get(unit)
+        if (
+            current is not None
+            and entry.invocation_id is not None
+            and current.invocation_id is not None
+            and entry.invocation_id != current.invocation_id
+        ):
+            # A new start although the end of the last one was never seen (lost or not logged).
+            ended.append(self._close(unit))
+            current = None
+        if entry.from_pid1 or _is_unit_event(entry):
+            ended += self._lifecycle(entry, current)
+            return ended
+        builder = current or self._begin(entry)
+        builder.add_line(next(self._seq), entry)
+        builder.last_cursor = entry.cursor
+        return ended
+
+    def _lifecycle(self, entry: JournalEntry, current: _Builder | None) -> list[Invocation]:
+        event = entry.message_id
+        fields = entry.fields
+        if event == LifecycleEvent.RESTART_SCHEDULED.value:
+            self._restarts[entry.unit] = _to_int(fields.get("N_RESTARTS")) or 0
+            return []
+        if event == LifecycleEvent.SUPPRESSED.value:
+            if current is not None:
+                current.suppressed += _to_int(fields.get("N_DROPPED")) or 0
+            return []
+        if event not in _ENDING and event not in (
+            LifecycleEvent.PROCESS_EXITED.value,
+            LifecycleEvent.OOM_KILLED.value,
+        ):
+            return []
+        builder = current or self._begin(entry)
+        builder.last_cursor = entry.cursor
+        if event == LifecycleEvent.PROCESS_EXITED.value:
+            builder.exit_code = fields.get("EXIT_CODE")
+            builder.exit_status = _to_int(fields.get("EXIT_STATUS"))
+            return []
+        if event == LifecycleEvent.OOM_KILLED.value:
+            builder.oom_killed = True
+            return []
+        builder.result = fields.get("UNIT_RESULT") or (
+            "success" if event == LifecycleEvent.DEACTIVATED.value else None
+        )
+        builder.skipped = event == LifecycleEvent.CONDITION_SKIPPED.value
+        builder.ended_us = entry.realtime_us
+        return [self._close(entry.unit)]
+
+    def _begin(self, entry: JournalEntry) -> _Builder:
+        builder = _Builder(
+            unit=entry.unit,
+            invocation_id=entry.invocation_id,
+            caps=self.caps,
+            first_cursor=entry.cursor,
+            started_us=entry.realtime_us,
+            restarts=self._restarts.get(entry.unit, 0),
+        )
+        self._open[entry.unit] = builder
+        return builder
+
+    def _close(self, unit: str | None) -> Invocation:
+        return self._open.pop(unit).build()
+
+    def close(self, unit: str | None, *, hung: bool = False) -> Invocation | None:
+        """End a unit's open invocation now (a hung engine, or the end of a saved journal)."""
+        if unit not in self._open:
+            return None
+        invocation = self._close(unit)
+        return dataclasses.replace(invocation, hung=True) if hung else invocation
+
+    def close_all(self) -> list[Invocation]:
+        """End every open invocation (the end of a saved journal)."""
+        return [self._close(unit) for unit in list(self._open)]
+
+    def open_units(self) -> list[str | None]:
+        """Units with an invocation still running."""
+        return list(self._open)
+
+    def open_invocation(self, unit: str | None) -> Invocation | None:
+        """A snapshot of a unit's running invocation, without ending it."""
+        builder = self._open.get(unit)
+        return builder.build() if builder is not None else None
+
+    def replay_from(self) -> str | None:
+        """The first cursor of the oldest open invocation: where a restart must re-read from."""
+        starts = [b for b in self._open.values() if b.first_cursor is not None]
+        if not starts:
+            return None
+        return min(starts, key=lambda b: b.started_us or 0).first_cursor
+
+
+def _is_unit_event(entry: JournalEntry) -> bool:
+    # journald's "Suppressed N messages" is logged by journald, not PID 1, about the unit.
+    return entry.message_id == LifecycleEvent.SUPPRESSED.value
+
+
+def _to_int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def is_start_limit_hit(entry: JournalEntry) -> bool:
+    """systemd's start-limit message has no MESSAGE_ID; its text is all there is."""
+    return entry.from_pid1 and _START_LIMIT in entry.message

@@ -1,0 +1,133 @@
+"""The export-format parser and the decoding of entries into JournalEntry."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.journal.export import ExportParser, decode, message_text
+from supervisor.journal.writer import EntryFactory, export_entry
+from supervisor.model import LifecycleEvent
+
+
+def _stream() -> bytes:
+    factory = EntryFactory()
+    entries = [
+        {"MESSAGE": "plain", "_SYSTEMD_UNIT": "vllm.service", "_PID": "7"},
+        {"MESSAGE": b"tqdm 10%\rtqdm 20%\r", "_SYSTEMD_UNIT": "vllm.service"},
+        {"MESSAGE": b"two\n\nblank lines", "X": b"\x00\x01\n\n"},
+        {"MESSAGE": b"\xff\xfe not utf-8", "_SYSTEMD_UNIT": "vllm.service"},
+    ]
+    return b"".join(factory.entry(e) for e in entries)
+
+
+class TestExportParser:
+    """Chunked parsing of journal export format."""
+
+    @pytest.mark.parametrize("chunk", [1, 2, 7, 64, 10_000])
+    def test_any_chunking_gives_the_same_entries(self, chunk: int) -> None:
+        """Entries come out whole and in order however the pipe splits the bytes."""
+        data = _stream()
+        parser = ExportParser()
+        entries = []
+        for start in range(0, len(data), chunk):
+            entries += parser.feed(data[start : start + chunk])
+        assert [e[b"MESSAGE"] for e in entries] == [
+            b"plain",
+            b"tqdm 10%\rtqdm 20%\r",
+            b"two\n\nblank lines",
+            b"\xff\xfe not utf-8",
+        ]
+        assert entries[2][b"X"] == b"\x00\x01\n\n"
+
+    def test_incomplete_entry_waits_for_more(self) -> None:
+        """A half-written entry is kept until its blank line arrives."""
+        data = export_entry({"__CURSOR": "c1", "MESSAGE": "x"})
+        parser = ExportParser()
+        assert parser.feed(data[:-1]) == []
+        assert [e[b"__CURSOR"] for e in parser.feed(data[-1:])] == [b"c1"]
+
+    def test_absurd_binary_length_resynchronises(self) -> None:
+        """A corrupt length does not make the parser buffer forever."""
+        bad = b"MESSAGE\n" + (1 << 60).to_bytes(8, "little") + b"junk\n\n"
+        good = export_entry({"__CURSOR": "c2", "MESSAGE": "after"})
+        parser = ExportParser()
+        entries = parser.feed(bad + good)
+        assert parser.invalid == 1
+        assert [e[b"MESSAGE"] for e in entries if b"__CURSOR" in e] == [b"after"]
+
+
+class TestDecode:
+    """Turning raw fields into the pipeline's JournalEntry."""
+
+    def test_service_line_is_about_its_own_unit(self) -> None:
+        """A service's line names the unit and invocation from the trusted fields."""
+        entry = decode(
+            {
+                b"__CURSOR": b"c",
+                b"__REALTIME_TIMESTAMP": b"5",
+                b"MESSAGE": b"hi",
+                b"_SYSTEMD_UNIT": b"vllm.service",
+                b"_SYSTEMD_INVOCATION_ID": b"abc",
+                b"_PID": b"12",
+                b"PRIORITY": b"6",
+            }
+        )
+        assert entry is not None
+        assert (entry.unit, entry.invocation_id, entry.pid, entry.priority) == (
+            "vllm.service",
+            "abc",
+            12,
+            6,
+        )
+        assert not entry.from_pid1
+
+    def test_pid1_message_is_about_the_unit_it_names(self) -> None:
+        """PID 1's lifecycle message is attributed to UNIT=, not to init.scope."""
+        entry = decode(
+            {
+                b"__CURSOR": b"c",
+                b"MESSAGE": b"vllm.service: Main process exited",
+                b"_SYSTEMD_UNIT": b"init.scope",
+                b"_PID": b"1",
+                b"UNIT": b"vllm.service",
+                b"INVOCATION_ID": b"abc",
+                b"MESSAGE_ID": LifecycleEvent.PROCESS_EXITED.value.encode(),
+                b"EXIT_CODE": b"exited",
+                b"EXIT_STATUS": b"1",
+            }
+        )
+        assert entry is not None
+        assert (entry.unit, entry.invocation_id, entry.from_pid1) == ("vllm.service", "abc", True)
+        assert dict(entry.fields) == {"EXIT_CODE": "exited", "EXIT_STATUS": "1"}
+
+    def test_entry_without_cursor_is_dropped(self) -> None:
+        """An entry without a cursor cannot be checkpointed, so it is not an entry."""
+        assert decode({b"MESSAGE": b"x"}) is None
+
+    def test_bad_numbers_do_not_raise(self) -> None:
+        """A non-numeric _PID or PRIORITY becomes None instead of an error."""
+        entry = decode({b"__CURSOR": b"c", b"_PID": b"x", b"PRIORITY": b"", b"MESSAGE": b"m"})
+        assert entry is not None
+        assert (entry.pid, entry.priority) == (None, None)
+
+
+class TestMessageText:
+    """What a MESSAGE looks like once decoded."""
+
+    @pytest.mark.parametrize(
+        ("raw", "expected"),
+        [
+            (b"Loading 10%\rLoading 55%\rLoading 100%", "Loading 100%"),  # tqdm: the last state
+            (b"line with CRLF\r", "line with CRLF"),
+            (b"\r\r\r", ""),  # only carriage returns
+            (b"nul\x00byte", "nul\\x00byte"),
+            (b"\xff bad", "\ufffd bad"),
+        ],
+    )
+    def test_decoding(self, raw: bytes, expected: str) -> None:
+        """Control characters and bad bytes never break decoding."""
+        assert message_text(raw, 100) == expected
+
+    def test_megabyte_line_is_cut(self) -> None:
+        """A 1 MB line is bounded to the configured number of characters."""
+        assert len(message_text(b"x" * (1 << 20), 16384)) == 16384

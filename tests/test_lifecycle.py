@@ -1,0 +1,171 @@
+"""The invocation tracker: grouping by invocation id, ends by MESSAGE_ID, bounded memory."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.config import TrackerConfig
+from supervisor.lifecycle import InvocationTracker
+from supervisor.model import Invocation, JournalEntry, LifecycleEvent
+
+UNIT = "vllm.service"
+_cursors: Iterator[int] = itertools.count()
+
+
+def line(text: str, inv: str = "A", pid: int = 10, unit: str = UNIT) -> JournalEntry:
+    n = next(_cursors)
+    return JournalEntry(
+        cursor=f"c{n}", realtime_us=n, message=text, unit=unit, invocation_id=inv, pid=pid
+    )
+
+
+def event(kind: LifecycleEvent, inv: str = "A", unit: str = UNIT, **fields: str) -> JournalEntry:
+    n = next(_cursors)
+    return JournalEntry(
+        cursor=f"c{n}",
+        realtime_us=n,
+        message=kind.name,
+        unit=unit,
+        invocation_id=inv,
+        pid=1,
+        from_pid1=True,
+        message_id=kind.value,
+        fields=fields,
+    )
+
+
+def feed_all(tracker: InvocationTracker, entries: list[JournalEntry]) -> list[Invocation]:
+    ended: list[Invocation] = []
+    for entry in entries:
+        ended += tracker.feed(entry)
+    return ended
+
+
+EXITED = event(LifecycleEvent.PROCESS_EXITED, EXIT_CODE="exited", EXIT_STATUS="1")
+FAILED = event(LifecycleEvent.UNIT_FAILED, UNIT_RESULT="exit-code")
+
+
+class TestEnds:
+    """When an invocation ends and what it records."""
+
+    def test_crash_ends_on_failed_result(self) -> None:
+        """Exit code and status come from 'Main process exited', the result from 'Failed'."""
+        ended = feed_all(InvocationTracker(), [line("a"), line("b"), EXITED, FAILED])
+        assert len(ended) == 1
+        inv = ended[0]
+        assert (inv.exit_code, inv.exit_status, inv.result) == ("exited", 1, "exit-code")
+        assert [x.text for x in inv.lines] == ["a", "b"]
+        assert inv.failed
+
+    def test_clean_exit_ends_on_deactivated(self) -> None:
+        """'Deactivated successfully' ends an invocation that did not fail."""
+        ended = feed_all(
+            InvocationTracker(),
+            [
+                line("serving"),
+                event(LifecycleEvent.PROCESS_EXITED, EXIT_CODE="exited", EXIT_STATUS="0"),
+                event(LifecycleEvent.DEACTIVATED),
+            ],
+        )
+        assert [(i.result, i.failed) for i in ended] == [("success", False)]
+
+    def test_new_invocation_id_closes_the_previous_one(self) -> None:
+        """A start whose predecessor's end was never logged still separates the two."""
+        ended = feed_all(InvocationTracker(), [line("a", inv="A"), line("b", inv="B")])
+        assert [i.invocation_id for i in ended] == ["A"]
+
+    def test_skipped_start_is_marked(self) -> None:
+        """A start skipped by ExecCondition is recorded as such, not as a crash."""
+        ended = feed_all(
+            InvocationTracker(),
+            [event(LifecycleEvent.CONDITION_SKIPPED, UNIT_RESULT="exec-condition")],
+        )
+        assert [(i.result, i.failed) for i in ended] == [("exec-condition", True)]
+
+    def test_restart_counter_is_carried_to_the_next_invocation(self) -> None:
+        """The invocation after 'restart counter is at 3' knows it is the third restart."""
+        ended = feed_all(
+            InvocationTracker(),
+            [
+                line("x", inv="A"),
+                EXITED,
+                FAILED,
+                event(LifecycleEvent.RESTART_SCHEDULED, N_RESTARTS="3"),
+                line("y", inv="B"),
+                event(LifecycleEvent.UNIT_FAILED, inv="B", UNIT_RESULT="exit-code"),
+            ],
+        )
+        assert [i.restarts for i in ended] == [0, 3]
+
+    def test_suppressed_lines_are_counted(self) -> None:
+        """journald's rate-limit message adds to the invocation's suppressed count."""
+        suppressed = JournalEntry(
+            cursor="s",
+            realtime_us=1,
+            message="Suppressed 120 messages from vllm.service",
+            unit=UNIT,
+            message_id=LifecycleEvent.SUPPRESSED.value,
+            fields={"N_DROPPED": "120"},
+        )
+        ended = feed_all(InvocationTracker(), [line("a"), suppressed, EXITED, FAILED])
+        assert ended[0].suppressed_lines == 120
+
+    def test_units_are_tracked_apart(self) -> None:
+        """Two units' interleaved lines never mix."""
+        ended = feed_all(
+            InvocationTracker(),
+            [
+                line("v", unit="vllm.service"),
+                line("s", unit="sglang.service", inv="S"),
+                event(LifecycleEvent.UNIT_FAILED, unit="sglang.service", inv="S"),
+            ],
+        )
+        assert [(i.unit, [x.text for x in i.lines]) for i in ended] == [("sglang.service", ["s"])]
+
+
+class TestMemory:
+    """Bounded memory: head, tail and the lines that matter."""
+
+    def test_long_invocation_keeps_head_tail_and_errors(self) -> None:
+        """Only head and tail of the noise are kept; the traceback in the middle survives."""
+        caps = TrackerConfig(head_lines=3, tail_lines=3, max_error_lines=10)
+        noise = [line(f"request {n}") for n in range(1000)]
+        crash = [
+            line("Traceback (most recent call last):"),
+            line('  File "x.py", line 1, in f'),
+            line("    do_it()"),
+            line("RuntimeError: boom"),
+        ]
+        more = [line(f"request {n}") for n in range(1000, 2000)]
+        ended = feed_all(InvocationTracker(caps), [*noise, *crash, *more, EXITED, FAILED])
+        texts = [x.text for x in ended[0].lines]
+        assert texts[:3] == ["request 0", "request 1", "request 2"]
+        assert texts[-3:] == ["request 1997", "request 1998", "request 1999"]
+        for kept in ("Traceback (most recent call last):", "    do_it()", "RuntimeError: boom"):
+            assert kept in texts
+        assert ended[0].total_lines == 2004
+        assert ended[0].dropped_lines == 2004 - len(texts)
+
+    @pytest.mark.parametrize("errors", [5, 50])
+    def test_error_lines_are_capped(self, errors: int) -> None:
+        """A storm of error lines cannot grow an invocation past its cap."""
+        caps = TrackerConfig(head_lines=1, tail_lines=1, max_error_lines=4)
+        entries = [line(f"ERROR {n}") for n in range(errors)]
+        ended = feed_all(InvocationTracker(caps), [*entries, line("end"), EXITED, FAILED])
+        assert len(ended[0].lines) <= 1 + 1 + 4
+
+
+class TestReplay:
+    """Where a restarted daemon must start reading again."""
+
+    def test_replay_from_is_the_first_line_of_the_open_invocation(self) -> None:
+        """An open invocation must be re-read from its first entry after a restart."""
+        tracker = InvocationTracker()
+        first = line("a", inv="Z")
+        feed_all(tracker, [first, line("b", inv="Z")])
+        assert tracker.replay_from() == first.cursor
+        feed_all(tracker, [event(LifecycleEvent.UNIT_FAILED, inv="Z")])
+        assert tracker.replay_from() is None

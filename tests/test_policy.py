@@ -1,0 +1,108 @@
+"""The restart-loop policy, as a decision table."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.model import Action, Invocation, Severity, Verdict
+from supervisor.policy import RestartPolicy
+
+CRASHED = Invocation(
+    unit="vllm.service",
+    invocation_id="i",
+    lines=(),
+    exit_code="exited",
+    exit_status=1,
+    result="exit-code",
+)
+CLEAN = Invocation(
+    unit="vllm.service",
+    invocation_id="i",
+    lines=(),
+    exit_code="exited",
+    exit_status=0,
+    result="success",
+)
+SKIPPED = Invocation(unit="vllm.service", invocation_id="i", lines=(), result="exec-condition")
+
+
+def verdict(
+    severity: Severity, fingerprint: str | None = "fp1", *, crashed: bool = True
+) -> Verdict:
+    signature = None if severity is Severity.UNKNOWN else f"sig_{severity}"
+    return Verdict(
+        signature=signature,
+        severity=severity,
+        title="t",
+        root_cause="x",
+        fingerprint=fingerprint,
+        crashed=crashed,
+    )
+
+
+@pytest.mark.parametrize(
+    ("invocation", "verdicts", "expected"),
+    [
+        # A known fatal crash halts at once.
+        (CRASHED, [verdict(Severity.FATAL)], [Action.HALT]),
+        # A transient crash is allowed to restart, however often.
+        (CRASHED, [verdict(Severity.TRANSIENT)] * 5, [Action.ALLOW_RESTART] * 5),
+        # The same unknown crash halts on the third consecutive invocation.
+        (
+            CRASHED,
+            [verdict(Severity.UNKNOWN)] * 3,
+            [Action.ALLOW_RESTART, Action.ALLOW_RESTART, Action.HALT],
+        ),
+        # Different unknown crashes never add up.
+        (
+            CRASHED,
+            [verdict(Severity.UNKNOWN, f"fp{n}") for n in range(5)],
+            [Action.ALLOW_RESTART] * 5,
+        ),
+        # A transient crash in between breaks the unknown streak.
+        (
+            CRASHED,
+            [
+                verdict(Severity.UNKNOWN),
+                verdict(Severity.UNKNOWN),
+                verdict(Severity.TRANSIENT),
+                verdict(Severity.UNKNOWN),
+            ],
+            [Action.ALLOW_RESTART] * 4,
+        ),
+        # An exit 0 that shows a fatal crash in its lines is still a crash (vLLM #48966).
+        (CLEAN, [verdict(Severity.FATAL)], [Action.HALT]),
+        # A clean exit without a crash is only observed.
+        (CLEAN, [verdict(Severity.UNKNOWN, None, crashed=False)], [Action.OBSERVE]),
+        # A start skipped by the quarantine gate is never counted as a crash.
+        (SKIPPED, [verdict(Severity.UNKNOWN, None, crashed=False)] * 4, [Action.OBSERVE] * 4),
+    ],
+)
+def test_decisions(invocation: Invocation, verdicts: list[Verdict], expected: list[Action]) -> None:
+    """Each sequence of verdicts leads to the listed sequence of actions."""
+    policy = RestartPolicy()
+    assert [policy.decide(invocation, v).action for v in verdicts] == expected
+
+
+def test_dry_run_reports_without_halting() -> None:
+    """In dry-run the decision says it would halt and is marked as a dry run."""
+    decision = RestartPolicy().decide(CRASHED, verdict(Severity.FATAL), dry_run=True)
+    assert (decision.action, decision.dry_run) == (Action.HALT, True)
+    assert decision.reason.startswith("dry run, would halt")
+
+
+def test_streak_survives_a_restart_of_the_daemon() -> None:
+    """The unknown-crash streak is restored from saved state, so restarts do not reset it."""
+    first = RestartPolicy()
+    first.decide(CRASHED, verdict(Severity.UNKNOWN))
+    first.decide(CRASHED, verdict(Severity.UNKNOWN))
+    second = RestartPolicy(first.state())
+    assert second.decide(CRASHED, verdict(Severity.UNKNOWN)).action is Action.HALT
+
+
+def test_silent_crashes_are_fingerprinted_by_how_they_ended() -> None:
+    """A crash that printed nothing still halts after K identical endings."""
+    policy = RestartPolicy()
+    silent = verdict(Severity.UNKNOWN, None)
+    actions = [policy.decide(CRASHED, silent).action for _ in range(3)]
+    assert actions[-1] is Action.HALT

@@ -1,0 +1,135 @@
+"""The journalctl reader against real journal files written by systemd-journal-remote."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.journal.reader import JournalctlReader, ReaderSettings, journalctl_argv, read_all
+from supervisor.journal.writer import JournalWriter, crashed_invocation, service_lines
+
+UNIT = "vllm.service"
+
+
+def _lines(prefix: str, count: int) -> list[str]:
+    return [f"{prefix} {n}" for n in range(count)]
+
+
+async def _collect(
+    reader: JournalctlReader, stop: asyncio.Event, want: int, got: list[str]
+) -> None:
+    async for batch in reader.batches(stop):
+        got += [e.message for e in batch]
+        if len(got) >= want:
+            stop.set()
+
+
+class TestCommandLine:
+    """The journalctl arguments for each start position."""
+
+    def test_resume_uses_the_inclusive_cursor(self) -> None:
+        """--after-cursor with -u skipped a line before systemd PR #30336: use --cursor."""
+        argv = journalctl_argv(ReaderSettings(units=(UNIT,)), "s=1;i=2")
+        assert "--cursor=s=1;i=2" in argv
+        assert not any(a.startswith("--after-cursor") for a in argv)
+        assert f"--unit={UNIT}" in argv
+
+    @pytest.mark.parametrize(("start", "flag"), [("tail", "--lines=0"), ("head", "--no-tail")])
+    def test_start_position_without_cursor(self, start: str, flag: str) -> None:
+        """With no saved cursor the reader starts at the tail or the head as configured."""
+        assert flag in journalctl_argv(ReaderSettings(start_at=start), None)
+
+
+class TestRealJournal:
+    """Reading and following journals written by journal-remote."""
+
+    async def test_reads_unit_lines_and_pid1_messages(self, journal_dir: Path) -> None:
+        """-u matches the service's own lines and PID 1's messages about it, nothing else."""
+        with JournalWriter(journal_dir) as writer:
+            writer.write(crashed_invocation(UNIT, ["boom"], restarts=1))
+            writer.write(service_lines("other.service", "x" * 32, ["not ours"]))
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False)
+        entries = [e async for batch in read_all(settings) for e in batch]
+        assert "not ours" not in [e.message for e in entries]
+        assert [e.message_id is not None for e in entries] == [True, False, True, True, True]
+        assert {e.unit for e in entries} == {UNIT}
+
+    async def test_binary_long_and_bad_fields_are_decoded(self, journal_dir: Path) -> None:
+        """\\r, non-UTF-8, NUL and >4 KiB messages arrive decoded, none lost."""
+        inv = "a" * 32
+        special = [b"bar 1%\rbar 99%", b"\xff\xfe\xfd", b"nul\x00inside", b"L" * 70_000]
+        with JournalWriter(journal_dir) as writer:
+            writer.write(
+                {**e, "MESSAGE": m}
+                for e, m in zip(service_lines(UNIT, inv, ["x"] * 4), special, strict=True)
+            )
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False)
+        messages = [e.message async for batch in read_all(settings) for e in batch]
+        assert messages[0] == "bar 99%"
+        assert messages[1] == "\ufffd\ufffd\ufffd"
+        assert messages[2] == "nul\\x00inside"
+        assert messages[3] == "L" * 16384
+
+    async def test_follow_kill_and_resume_loses_and_repeats_nothing(
+        self, journal_dir: Path, writer: JournalWriter
+    ) -> None:
+        """Killing journalctl and restarting the reader from its cursor yields each entry once."""
+        inv = "b" * 32
+        writer.write(service_lines(UNIT, inv, _lines("early", 300)))
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+        )
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(_collect(reader, stop, 900, got))
+        await asyncio.wait_for(reader.following.wait(), 20)
+        await _until(lambda: len(got) >= 300, writer)
+        # Kill the child mid-stream (our own child, by PID), then write more while it is down.
+        assert reader._process is not None
+        os.kill(reader._process.pid, signal.SIGKILL)
+        writer.write(service_lines(UNIT, inv, _lines("middle", 300)))
+        await _until(lambda: reader.restarts >= 1)
+        writer.write(service_lines(UNIT, inv, _lines("late", 300)))
+        await _until(task.done, writer)
+        # A brand-new reader from the saved cursor sees only what came after it.
+        writer.write(service_lines(UNIT, inv, _lines("after", 50)))
+        resumed = JournalctlReader(settings, cursor=reader.cursor)
+        more: list[str] = []
+        resume = asyncio.create_task(_collect(resumed, asyncio.Event(), 50, more))
+        await _until(resume.done, writer)
+        expected = _lines("early", 300) + _lines("middle", 300) + _lines("late", 300)
+        assert got == expected
+        assert more == _lines("after", 50)
+
+    async def test_unparsable_cursor_falls_back_instead_of_crash_looping(
+        self, journal_dir: Path, writer: JournalWriter
+    ) -> None:
+        """A corrupt saved cursor is dropped with a warning and reading goes on."""
+        writer.write(service_lines(UNIT, "c" * 32, _lines("line", 5)))
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+        )
+        reader = JournalctlReader(settings, cursor="garbage-cursor")
+        got: list[str] = []
+        await asyncio.wait_for(_collect(reader, asyncio.Event(), 5, got), 30)
+        assert got == _lines("line", 5)
+
+
+async def _until(
+    condition: Callable[[], bool], writer: JournalWriter | None = None, timeout: float = 20.0
+) -> None:
+    """Poll with a deadline, nudging journal-remote's followers as journald would."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            pytest.fail("condition not met in time")
+        if writer is not None:
+            writer.nudge()
+        await asyncio.sleep(0.02)
