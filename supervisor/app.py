@@ -1,0 +1,122 @@
+"""Wires the live daemon from a config: store, metrics, HTTP endpoint, systemd, Slack, watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.config import Config, parse_listen, resolve_webhook
+from supervisor.daemon import Daemon
+from supervisor.gatecmd import QUARANTINE_SUBDIR
+from supervisor.halt import Halter
+from supervisor.httpserver import MetricsServer
+from supervisor.metrics import Metrics
+from supervisor.notify.outbox import Outbox
+from supervisor.notify.slack import SlackWebhook
+from supervisor.quarantine import Quarantine
+from supervisor.sdnotify import Notifier, watchdog_interval
+from supervisor.signatures import SignatureTable, load_signature_table
+from supervisor.store import Store
+from supervisor.systemd import SystemdClient
+
+log = structlog.get_logger(__name__)
+
+
+def load_table(config: Config) -> SignatureTable:
+    """The signature table the config names (the shipped one by default)."""
+    return load_signature_table(list(config.signatures.paths) or None)
+
+
+def quarantine_dir(config: Config) -> Path:
+    """Where halts are recorded: runtime (cleared at boot) unless persistence is asked for."""
+    base = (
+        config.state.state_dir if config.state.persistent_quarantine else config.state.runtime_dir
+    )
+    return base / QUARANTINE_SUBDIR
+
+
+async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event) -> None:
+    """Build every component, run the daemon until `stop`, and close everything in bounds."""
+    table = load_table(config)
+    store = Store.in_directory(config.state.state_dir)
+    metrics = Metrics()
+    systemd = SystemdClient(timeout_s=config.systemd.stop_timeout_s)
+    if config.systemd.enabled:
+        try:
+            await systemd.connect()
+        except Exception as exc:
+            log.error("systemd_unavailable", error=str(exc))
+    notifier = Notifier()
+    webhook_url = resolve_webhook(config.slack)
+    webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
+    outbox = Outbox(store, webhook, metrics, config.slack, host=socket.gethostname())
+    halter = Halter(
+        Quarantine(quarantine_dir(config)),
+        systemd if config.systemd.enabled else None,
+        attempts=config.systemd.stop_attempts,
+        timeout_s=config.systemd.stop_timeout_s,
+    )
+    daemon = Daemon(
+        config,
+        table,
+        store=store,
+        metrics=metrics,
+        halter=halter,
+        notifier=outbox,
+        reporter=notifier,
+        load_table=lambda: load_table(config),
+        extra_tasks=[_watchdog(notifier)],
+    )
+    server = MetricsServer(metrics, _health(daemon, outbox))
+    try:
+        if config.metrics.enabled:
+            host, port = parse_listen(config.metrics.listen, key="metrics.listen")
+            await server.start(host, port)
+            log.info("metrics_listening", host=host, port=server.port)
+        await daemon.run(stop, reload)
+    finally:
+        notifier.stopping()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.close(), 2)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(systemd.close(), 2)
+        if webhook is not None:
+            with contextlib.suppress(Exception):
+                await webhook.aclose()
+        store.close()
+
+
+def _health(daemon: Daemon, outbox: Outbox) -> Callable[[], tuple[bool, dict[str, Any]]]:
+    def check() -> tuple[bool, dict[str, Any]]:
+        following = daemon.reader.following.is_set()
+        depth = outbox.depth()
+        detail = {
+            "following": following,
+            "outbox_depth": depth,
+            "state_errors": daemon.state.state_errors,
+            "pending_commits": len(daemon.state.pending),
+        }
+        return following and not daemon.state.pending, detail
+
+    return check
+
+
+def _watchdog(notifier: Notifier) -> Callable[[asyncio.Event], Coroutine[None, None, None]]:
+    async def ping(stop: asyncio.Event) -> None:
+        interval = watchdog_interval(os.environ)
+        if interval is None:
+            return
+        # Pinging from the event loop proves the loop itself is alive, not only the process.
+        while not stop.is_set():
+            notifier.watchdog()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    return ping

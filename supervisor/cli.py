@@ -1,0 +1,290 @@
+"""The `vllm-supervisor` command line: argument parsing, logging set-up, signals, exit codes.
+
+Exit codes: 0 ok; 1 a command's own "no" (gate: quarantined; preflight: a check failed);
+2 bad configuration or input, reported as one line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from supervisor import __version__
+from supervisor.config import (
+    DEFAULT_RUNTIME_DIR,
+    DEFAULT_STATE_DIR,
+    Config,
+    load_config,
+    parse_listen,
+    with_units,
+)
+from supervisor.errors import SupervisorError
+from supervisor.log import configure_logging
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(level=os.environ.get("VLLM_SUPERVISOR_LOG_LEVEL", "info"))
+    try:
+        return int(args.handler(args))
+    except SupervisorError as exc:
+        print(f"vllm-supervisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All subcommands and their flags (the CLI contract of DESIGN.md §4)."""
+    parser = argparse.ArgumentParser(
+        prog="vllm-supervisor",
+        description="Halt systemd restart loops of LLM inference servers on deterministic crashes.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="follow the journal and act on crashes (the daemon)")
+    _add_config_flags(run)
+    run.add_argument("--dry-run", action="store_true", help="decide and report, never stop a unit")
+    run.add_argument("--metrics-listen", metavar="HOST:PORT", help="default 127.0.0.1:9464")
+    run.set_defaults(handler=cmd_run)
+
+    triage = sub.add_parser("triage", help="classify every failed invocation in a saved journal")
+    triage.add_argument("source", nargs="?", default="-", help="file, journal directory or -")
+    triage.add_argument("--unit", action="append", default=[], help="only this unit")
+    triage.add_argument("--config", type=Path)
+    triage.add_argument("--format", choices=("text", "json"), default="text")
+    triage.set_defaults(handler=cmd_triage)
+
+    check = sub.add_parser("check-config", help="validate a config and its signature table")
+    check.add_argument("path", nargs="?", type=Path)
+    check.set_defaults(handler=cmd_check_config)
+
+    signatures = sub.add_parser("signatures", help="inspect the signature table")
+    signatures.add_argument("--config", type=Path)
+    sig_sub = signatures.add_subparsers(dest="signatures_command", required=True)
+    sig_sub.add_parser("list", help="every signature").set_defaults(handler=cmd_signatures_list)
+    test = sig_sub.add_parser("test", help="which signature matches which line of FILE, and why")
+    test.add_argument("file", help="a log file, or - for standard input")
+    test.set_defaults(handler=cmd_signatures_test)
+
+    history = sub.add_parser("history", help="every invocation the daemon classified")
+    history.add_argument("--unit")
+    history.add_argument("--format", choices=("text", "json"), default="text")
+    history.add_argument("--config", type=Path)
+    history.add_argument("--state-dir", type=Path)
+    history.set_defaults(handler=cmd_history)
+
+    for name, handler, text in (
+        ("gate", cmd_gate, "ExecCondition check: exit 1 while UNIT is quarantined"),
+        ("release", cmd_release, "remove UNIT's quarantine so it may start again"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("unit")
+        cmd.add_argument("--config", type=Path)
+        cmd.add_argument("--runtime-dir", type=Path)
+        cmd.add_argument("--state-dir", type=Path)
+        cmd.set_defaults(handler=handler)
+
+    preflight = sub.add_parser("preflight", help="check a unit's environment before it starts")
+    preflight.add_argument("unit")
+    preflight.add_argument("--config", type=Path)
+    preflight.add_argument("--python", type=Path, help="the served unit's interpreter")
+    preflight.add_argument("--port", type=int)
+    preflight.add_argument("--runtime-dir", type=Path)
+    preflight.add_argument("--state-dir", type=Path)
+    preflight.add_argument("--format", choices=("text", "json"), default="text")
+    preflight.set_defaults(handler=cmd_preflight)
+
+    demo = sub.add_parser("demo", help="replay the bundled crash loop into a real journal")
+    demo.add_argument("--directory", type=Path, help="where to write the demo journal")
+    demo.add_argument("--keep", action="store_true", help="keep the demo files")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def _add_config_flags(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--config", type=Path, help="TOML config (default: built-in defaults)")
+    cmd.add_argument("--unit", action="append", default=[], help="supervise this unit too")
+    cmd.add_argument("--directory", type=Path, help="follow a journal directory (journalctl -D)")
+    cmd.add_argument("--state-dir", type=Path)
+    cmd.add_argument("--runtime-dir", type=Path)
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """The config file plus the one-run overrides from flags and systemd's environment."""
+    config = load_config(getattr(args, "config", None))
+    state = config.state
+    runtime_dir = getattr(args, "runtime_dir", None) or _from_env(
+        "RUNTIME_DIRECTORY", state.runtime_dir, DEFAULT_RUNTIME_DIR
+    )
+    state_dir = getattr(args, "state_dir", None) or _from_env(
+        "STATE_DIRECTORY", state.state_dir, DEFAULT_STATE_DIR
+    )
+    state = dataclasses.replace(state, runtime_dir=runtime_dir, state_dir=state_dir)
+    journal = config.journal
+    if getattr(args, "directory", None):
+        journal = dataclasses.replace(journal, directory=args.directory)
+    metrics = config.metrics
+    if getattr(args, "metrics_listen", None):
+        parse_listen(args.metrics_listen)
+        metrics = dataclasses.replace(metrics, listen=args.metrics_listen)
+    config = dataclasses.replace(
+        config,
+        state=state,
+        journal=journal,
+        metrics=metrics,
+        dry_run=config.dry_run or bool(getattr(args, "dry_run", False)),
+    )
+    return with_units(config, getattr(args, "unit", []) or [])
+
+
+def _from_env(variable: str, configured: Path, default: Path) -> Path:
+    # systemd's RuntimeDirectory=/StateDirectory= set these; they win over a default, not
+    # over a value an operator wrote into the config.
+    value = os.environ.get(variable)
+    if configured == default and value:
+        return Path(value.split(":")[0])
+    return configured
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the signature table."""
+    from supervisor.app import run_daemon
+
+    config = resolve_config(args)
+    if not config.units:
+        print(
+            "vllm-supervisor: no unit to supervise: pass --unit U or list [[unit]] in the config",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    async def serve() -> None:
+        stop, reload = asyncio.Event(), asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, reload.set)
+        await run_daemon(config, stop, reload)
+
+    asyncio.run(serve())
+    return 0
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    """`triage`: classify a saved journal with the daemon's own pipeline."""
+    from supervisor.app import load_table
+    from supervisor.triage import triage
+
+    config = with_units(load_config(args.config), args.unit)
+    return triage(args.source, config=config, table=load_table(config), output_format=args.format)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """`check-config`: load the config and its signature table, report what was found."""
+    from supervisor.app import load_table
+
+    config = load_config(args.path)
+    table = load_table(config)
+    units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
+    print(f"config ok: units: {units}; {len(table.signatures)} signatures")
+    return 0
+
+
+def cmd_signatures_list(args: argparse.Namespace) -> int:
+    """`signatures list`: one line per signature."""
+    from supervisor.app import load_table
+
+    table = load_table(load_config(args.config))
+    for sig in table.signatures:
+        print(f"{sig.id:40} {sig.severity.value:9} {sig.kind:7} {sig.domain:12} {sig.title}")
+    return 0
+
+
+def cmd_signatures_test(args: argparse.Namespace) -> int:
+    """`signatures test FILE`: the verdict, then which signatures matched which line and why."""
+    from supervisor.app import load_table
+    from supervisor.sigtest import signatures_test
+
+    table = load_table(load_config(args.config))
+    return signatures_test(args.file, table)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """`history`: what the daemon classified, from its state database."""
+    from supervisor.store import Store
+
+    config = resolve_config(args)
+    path = config.state.state_dir
+    store = Store.in_directory(path)
+    try:
+        items = store.history(args.unit)
+    finally:
+        store.close()
+    if args.format == "json":
+        print(json.dumps({"invocations": items}, indent=2))
+        return 0
+    if not items:
+        print(f"no classified invocation in {path}")
+    for item in items:
+        verdict, decision = item["verdict"], item["decision"]
+        print(
+            f"{item['time']}  {item['unit']}  {item['invocation_id'] or '-'}  "
+            f"{verdict['severity']:9} {verdict['signature'] or '-':32} "
+            f"{decision['action']:13} notified={item['notified']}\n    {verdict['root_cause']}"
+        )
+    return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """`gate UNIT`: the ExecCondition check."""
+    from supervisor.gatecmd import gate_main
+
+    config = resolve_config(args)
+    return gate_main(args.unit, config.state.runtime_dir, config.state.state_dir)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """`release UNIT`: lift a halt."""
+    from supervisor.gatecmd import release_main
+
+    config = resolve_config(args)
+    return release_main(args.unit, config.state.runtime_dir, config.state.state_dir)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """`preflight UNIT`: catch a crash before the model loads."""
+    from supervisor.preflight import preflight_main
+
+    config = resolve_config(args)
+    unit = config.unit(args.unit)
+    python = args.python or (Path(unit.python) if unit.python else None)
+    return preflight_main(
+        args.unit,
+        python=python,
+        port=args.port if args.port is not None else unit.port,
+        runtime_dir=config.state.runtime_dir,
+        state_dir=config.state.state_dir,
+        output_format=args.format,
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """`demo`: write the seed crash loop into a real journal and run the daemon on it."""
+    from supervisor.demo import run_demo
+
+    return run_demo(directory=args.directory, keep=args.keep)

@@ -1,0 +1,300 @@
+"""The live daemon: the pipeline plus actions, checkpoints and a bounded shutdown.
+
+`Daemon.run(stop, reload)` knows nothing about OS signals (the CLI turns SIGTERM into `stop` and
+SIGHUP into `reload`), so tests embed it directly.
+
+Per batch of journal entries: track and classify (pure), halt what must be halted (quarantine
+first, then StopUnit, as early as possible), then commit the cursor, history, policy memory and
+queued notifications in one transaction. A crash anywhere replays the batch from the previous
+cursor; the store, the outbox and the quarantine are idempotent per invocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from supervisor.config import Config
+from supervisor.errors import StateError
+from supervisor.journal.reader import JournalctlReader, ReaderSettings
+from supervisor.metrics import Metrics
+from supervisor.model import Action, JournalEntry, Outcome
+from supervisor.pipeline import Pipeline
+from supervisor.signatures import SignatureTable
+from supervisor.store import Checkpoint, Store, Writer
+
+log = structlog.get_logger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 8.0
+
+
+class Halting(Protocol):
+    """Quarantines and stops a unit (supervisor.halt.Halter)."""
+
+    async def halt(self, outcome: Outcome, *, dry_run: bool) -> object: ...
+
+
+class Notifying(Protocol):
+    """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
+
+    def writer_for(self, outcome: Outcome, *, action_taken: str) -> Writer: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+class StatusReporter(Protocol):
+    """Tells systemd how the daemon is (sd_notify)."""
+
+    def ready(self) -> None: ...
+
+    def status(self, text: str) -> None: ...
+
+
+@dataclass(slots=True)
+class DaemonState:
+    """What the daemon has seen so far, for STATUS= and /healthz."""
+
+    entries: int = 0
+    outcomes: int = 0
+    halts: int = 0
+    last_verdict: str = "none yet"
+    state_errors: int = 0
+    pending: list[Outcome] = field(default_factory=list)
+
+
+class Daemon:
+    """Follows the journal and acts on every ended invocation of the configured units."""
+
+    def __init__(
+        self,
+        config: Config,
+        table: SignatureTable,
+        *,
+        store: Store,
+        metrics: Metrics,
+        halter: Halting | None = None,
+        notifier: Notifying | None = None,
+        reporter: StatusReporter | None = None,
+        load_table: Callable[[], SignatureTable] | None = None,
+        extra_tasks: Sequence[Callable[[asyncio.Event], Coroutine[None, None, None]]] = (),
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.halter = halter
+        self.notifier = notifier
+        self.reporter = reporter
+        self.state = DaemonState()
+        self._load_table = load_table
+        self._extra_tasks = extra_tasks
+        self.checkpoint = store.load_checkpoint()
+        self.pipeline = Pipeline(
+            config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
+        )
+        self.reader = JournalctlReader(
+            self._reader_settings(),
+            cursor=self.checkpoint.replay_from or self.checkpoint.cursor,
+            on_restart=metrics.source_restart,
+            on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
+        )
+        # Entries up to the saved cursor were handled before a restart: they only rebuild the
+        # tracker's open invocation, nothing is decided about them again.
+        self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
+        metrics.register_units(u.name for u in config.units)
+        metrics.signature_table([s.id for s in table.signatures], True)
+
+    def _reader_settings(self) -> ReaderSettings:
+        journal = self.config.journal
+        start = journal.start_at
+        if start == "auto":
+            start = "head" if journal.directory is not None else "tail"
+        return ReaderSettings(
+            units=tuple(u.name for u in self.config.units),
+            directory=journal.directory,
+            journalctl=journal.journalctl,
+            follow=True,
+            start_at=start,
+            backoff_s=journal.restart_backoff_s,
+            backoff_max_s=journal.restart_backoff_max_s,
+            max_line_chars=self.config.tracker.max_line_chars,
+        )
+
+    async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
+        """Run until `stop` is set; SIGHUP-style reloads when `reload` is set."""
+        reload = reload or asyncio.Event()
+        log.info("supervisor_starting", units=[u.name for u in self.config.units])
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._watch_reload(stop, reload))
+            tasks.create_task(self._announce_ready(stop))
+            if self.notifier is not None:
+                tasks.create_task(self.notifier.run(stop))
+            for extra in self._extra_tasks:
+                tasks.create_task(extra(stop))
+            try:
+                await self._follow(stop)
+            finally:
+                stop.set()
+        log.info("supervisor_stopped", entries=self.state.entries, outcomes=self.state.outcomes)
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        async for batch in self.reader.batches(stop):
+            await self.handle_batch(batch)
+        self._commit([])
+
+    async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
+        """Track, decide, act and checkpoint one batch of entries."""
+        received = time.time()
+        batch = self._skip_replayed(batch)
+        outcomes = self.pipeline.feed(batch)
+        self.state.entries += len(batch)
+        self.metrics.entries_read(len(batch))
+        if batch:
+            self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
+        for outcome in outcomes:
+            await self._act(outcome)
+        self._commit(outcomes)
+        if outcomes and self.notifier is not None:
+            self.notifier.wake()
+        return outcomes
+
+    def _skip_replayed(self, batch: list[JournalEntry]) -> list[JournalEntry]:
+        if self._replay_until is None:
+            return batch
+        for index, entry in enumerate(batch):
+            self.pipeline.tracker.feed(entry)
+            if entry.cursor == self._replay_until or _after(entry.cursor, self._replay_until):
+                self._replay_until = None
+                log.info("replay_done", cursor=entry.cursor)
+                return batch[index + 1 :]
+        return []
+
+    async def _act(self, outcome: Outcome) -> None:
+        self.state.outcomes += 1
+        verdict, decision = outcome.verdict, outcome.decision
+        self.state.last_verdict = (
+            f"{outcome.invocation.unit}: {verdict.signature or verdict.severity}"
+        )
+        log.info(
+            "invocation_ended",
+            unit=outcome.invocation.unit,
+            invocation_id=outcome.invocation.invocation_id,
+            signature=verdict.signature,
+            severity=verdict.severity.value,
+            root_cause=verdict.root_cause,
+            action=decision.action.value,
+            reason=decision.reason,
+            dry_run=decision.dry_run,
+        )
+        if decision.action is Action.HALT:
+            self.state.halts += 1
+            if self.halter is not None:
+                await self.halter.halt(outcome, dry_run=decision.dry_run)
+        self._report_status()
+
+    def _commit(self, outcomes: list[Outcome]) -> None:
+        self.state.pending += outcomes
+        if self._replay_until is not None:
+            return  # the saved cursor still stands until the replay passes it
+        writers = [
+            self.notifier.writer_for(o, action_taken=_action_taken(o))
+            for o in self.state.pending
+            if self.notifier is not None
+        ]
+        checkpoint = Checkpoint(
+            cursor=self.reader.cursor, replay_from=self.pipeline.tracker.replay_from()
+        )
+        try:
+            self.store.commit_batch(
+                checkpoint=checkpoint,
+                outcomes=self.state.pending,
+                unit_states=self.pipeline.policy.state(),
+                extra=writers,
+            )
+        except StateError as exc:
+            # Keep classifying and halting; the outcomes are committed with the next batch.
+            self.state.state_errors += 1
+            self.metrics.state_error("commit_failed")
+            log.error("state_commit_failed", error=str(exc), pending=len(self.state.pending))
+            return
+        self.checkpoint = checkpoint
+        self.state.pending = []
+
+    async def _announce_ready(self, stop: asyncio.Event) -> None:
+        following = asyncio.ensure_future(self.reader.following.wait())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({following, stopping}, return_when="FIRST_COMPLETED")
+        following.cancel()
+        stopping.cancel()
+        if stop.is_set():
+            return
+        self.metrics.following(True)
+        log.info("following_journal", cursor=self.reader.cursor)
+        if self.reporter is not None:
+            self.reporter.ready()
+        self._report_status()
+
+    async def _watch_reload(self, stop: asyncio.Event, reload: asyncio.Event) -> None:
+        while not stop.is_set():
+            waiter = asyncio.ensure_future(reload.wait())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waiter, stopping}, return_when="FIRST_COMPLETED")
+            waiter.cancel()
+            stopping.cancel()
+            if reload.is_set():
+                reload.clear()
+                self.reload_table()
+
+    def reload_table(self) -> None:
+        """Load the signature table again; keep the old one when the new one is broken."""
+        if self._load_table is None:
+            return
+        try:
+            table = self._load_table()
+        except Exception as exc:
+            self.metrics.signature_table([s.id for s in self.pipeline.table.signatures], False)
+            log.error("signature_table_reload_failed", error=str(exc))
+            return
+        self.pipeline.reload(table)
+        self.metrics.signature_table([s.id for s in table.signatures], True)
+        log.info("signature_table_reloaded", signatures=len(table.signatures))
+
+    def _report_status(self) -> None:
+        if self.reporter is None:
+            return
+        units = ",".join(u.name for u in self.config.units) or "all units"
+        with contextlib.suppress(Exception):
+            self.reporter.status(
+                f"following {units}; {self.state.outcomes} invocations classified, "
+                f"{self.state.halts} halts; last: {self.state.last_verdict}"
+            )
+
+
+def _action_taken(outcome: Outcome) -> str:
+    decision = outcome.decision
+    if decision.action is Action.HALT:
+        return "would halt (dry run)" if decision.dry_run else "halted"
+    if decision.action is Action.ALLOW_RESTART:
+        return "restarting"
+    return "observed"
+
+
+def _after(cursor: str, saved: str) -> bool:
+    """True when `cursor` lies after `saved` in time (used when `saved` was vacuumed)."""
+    a, b = _realtime(cursor), _realtime(saved)
+    return a is not None and b is not None and a > b
+
+
+def _realtime(cursor: str) -> int | None:
+    for part in cursor.split(";"):
+        if part.startswith("t="):
+            with contextlib.suppress(ValueError):
+                return int(part[2:], 16)
+    return None
