@@ -41,11 +41,19 @@ OTHER = "other"
 NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped")
 """Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
 
-SOURCE_RESTART_REASONS = ("exited", "error", "stalled", "rotated", "other")
-ENTRY_INVALID_REASONS = ("invalid_json", "invalid_field", "missing_field", "other")
+SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
+ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "other")
 HALT_REASONS = ("fatal_signature", "unknown_repeat", "other")
-HALT_FAILED_REASONS = ("timeout", "dbus", "quarantine", "other")
-STATE_ERROR_REASONS = ("read", "write", "other")
+HALT_FAILED_REASONS = (
+    "timeout",
+    "access_denied",
+    "no_such_unit",
+    "bus_unavailable",
+    "dbus_error",
+    "quarantine",
+    "other",
+)
+STATE_ERROR_REASONS = ("commit_failed", "read", "write", "other")
 MAX_UNITS = 64  # a unit seen in the journal but never registered is accepted up to this many
 
 # A code-defined reason: short snake_case. Everything else is folded into "other".
