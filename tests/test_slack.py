@@ -98,6 +98,12 @@ class TestPayload:
         )
         assert action_taken_for(Decision(action=Action.OBSERVE, reason="r")) == ActionTaken.OBSERVED
 
+    def test_unknown_action_wording_falls_back_to_the_decision(self) -> None:
+        """Free wording such as "would halt (dry run)" is read from the decision, never raises."""
+        outcome = make_outcome(dry_run=True)
+        payload = build_payload(outcome, host="h", action_taken="would halt (dry run)")
+        assert any("Would halt (dry run)" in t for t in _texts(payload))
+
     def test_group_count_per_interval(self) -> None:
         """A group of transient crashes shows its count and interval."""
         outcome = make_outcome(severity=Severity.TRANSIENT, action=Action.ALLOW_RESTART)

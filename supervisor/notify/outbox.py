@@ -36,6 +36,7 @@ from supervisor.notify.slack import (
     SlackRateLimited,
     SlackWebhook,
     build_payload,
+    coerce_action_taken,
     is_groupable,
     is_notable,
 )
@@ -133,8 +134,10 @@ class Outbox:
             self._metrics.notification("dropped")
             return _noop
 
+        action = coerce_action_taken(action_taken, outcome.decision)
+
         def write(db: sqlite3.Connection) -> None:
-            self._queue(db, outcome, action_taken)
+            self._queue(db, outcome, action)
 
         return write
 

@@ -72,6 +72,18 @@ class ActionTaken(StrEnum):
     OBSERVED = "observed"
 
 
+def coerce_action_taken(value: str, decision: Decision) -> ActionTaken:
+    """`value` as an ActionTaken; any other text falls back to what the decision implies.
+
+    Queueing runs inside the batch's transaction, where an exception would roll back the whole
+    batch, so a caller's wording ("would halt (dry run)") must never be able to raise there.
+    """
+    try:
+        return ActionTaken(value)
+    except ValueError:
+        return action_taken_for(decision)
+
+
 def action_taken_for(decision: Decision) -> ActionTaken:
     """The action to report for a decision that was carried out as decided."""
     if decision.action is Action.HALT:
@@ -231,7 +243,7 @@ def build_payload(
     group: Group | None = None,
 ) -> dict[str, Any]:
     """The webhook body for one crash (or a group of transient ones); pure."""
-    action = ActionTaken(action_taken)
+    action = coerce_action_taken(action_taken, outcome.decision)
     return {
         "text": _fallback(outcome, host, action, group),
         "blocks": _blocks(outcome, host, action, group),
