@@ -31,9 +31,15 @@ from supervisor.signatures import SignatureMatch, SignatureTable
 _TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WRAPPER = 3, 2, 1, 0
 _MATCHED_ROLES = frozenset({Role.MESSAGE, Role.HEADER, Role.EXCEPTION, Role.DETAIL})
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
-# Frames inside the serving framework: the crash site is where the server's own code failed
-# or called into the library that failed (flashinfer, torch), which is what a reader acts on.
+# The crash site is the frame a reader acts on: the model code that was running (a model's
+# layer, e.g. deepseek_v2.py building its attention), else the deepest frame of the server's own
+# code (where it called into the failing library: flashinfer, torch), else the last frame.
 _SERVER_PATHS = ("/vllm/", "/sglang/", "/text_generation_server/", "/vllm_")
+_MODEL_PATHS = (
+    "/vllm/model_executor/models/",
+    "/sglang/srt/models/",
+    "/text_generation_server/models/",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +152,14 @@ def _is_prose(text: str) -> bool:
 
 
 def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
-    """The deepest server-code frame of the root cause's traceback (else its last frame)."""
+    """The frame (and its code line) of the root cause's traceback a reader acts on."""
     if block is None or not block.frames:
         return None
-    frames = block.frames
-    chosen = next(
-        (f for f in reversed(frames) if any(p in ann.lines[f].text for p in _SERVER_PATHS)),
-        frames[-1],
-    )
+    chosen = _deepest(ann, block.frames, _MODEL_PATHS)
+    if chosen is None:
+        chosen = _deepest(ann, block.frames, _SERVER_PATHS)
+    if chosen is None:
+        chosen = block.frames[-1]
     site = ann.lines[chosen].text.strip()
     code_index = block.code.get(chosen)
     if code_index is not None:
@@ -161,6 +167,14 @@ def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
         if code and not code.startswith("^"):
             site = f"{site}: {code}"
     return site
+
+
+def _deepest(ann: Annotated, frames: list[int], markers: tuple[str, ...]) -> int | None:
+    """The last frame whose path contains one of `markers`."""
+    for index in reversed(frames):
+        if any(marker in ann.lines[index].text for marker in markers):
+            return index
+    return None
 
 
 def _notes(ann: Annotated, best: _Candidate, crashed: list[TracebackBlock]) -> list[str]:

@@ -21,45 +21,104 @@ from enum import Enum
 
 from supervisor.model import LogLine
 
-# One anchored alternative per prefix family; `parse_line` applies them repeatedly because
-# prefixes nest (journal header, then Ray actor tag, then vLLM process tag, then logger format).
-_OUTER = re.compile(
+# Prefix families, each an anchored regex with a named outer group (the handlers read
+# `m.lastgroup`). `parse_line` applies them repeatedly because prefixes nest (journal header,
+# then Ray actor tag, then vLLM process tag, then logger format). They are grouped by the
+# character a prefix can start with, so a line tries only the few families that can match:
+# this keeps parsing near 10 µs a line.
+_SYSLOG = (
     r"(?P<syslog>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[(?P<syslog_pid>\d+)\])?: ?)"
-    r"|(?P<tgi>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? +(?P<tgi_level>TRACE|DEBUG|INFO|WARN|"
+)
+_TGI = (
+    r"(?P<tgi>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? +(?P<tgi_level>TRACE|DEBUG|INFO|WARN|"
     r"ERROR) (?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
     r"[\w./-]+\.rs:\d+: )*))"
-    r"|(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: |$))"
-    r"|(?P<dmesg>\[ *\d+\.\d+\] ?)"
-    r"|(?P<kernel>kernel: )"
-    r"|(?P<proc> *\((?P<proc_name>[^()]*(?:\([^()]*(?:\([^()]*\))?[^()]*\))?[^()]*?)"
-    r"(?: rank=\d+)? pid=(?P<proc_pid>\d+)(?:, ip=[\d.]+)?\) ?)"
-    r"|(?P<raylet>\(raylet\) ?(?:\[[\d :,-]+ (?P<raylet_level>[IWEF]) \d+ \d+\] ?)?)"
-    r"|(?P<rank>\[rank(?P<rank_no>\d+)\]: ?)"
-    r"|(?P<compose>[a-zA-Z0-9][\w.-]* +\| ?)"
 )
+_ISO = r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: |$))"
+_DMESG = r"(?P<dmesg>\[ *\d+\.\d+\] ?)"
+_KERNEL = r"(?P<kernel>kernel: )"
+_PROC = (
+    r"(?P<proc> *\((?P<proc_name>[^()]*(?:\([^()]*(?:\([^()]*\))?[^()]*\))?[^()]*?)"
+    r"(?: rank=\d+)? pid=(?P<proc_pid>\d+)(?:, ip=[\d.]+)?\) ?)"
+)
+_RAYLET = r"(?P<raylet>\(raylet\) ?(?:\[[\d :,-]+ (?P<raylet_level>[IWEF]) \d+ \d+\] ?)?)"
+_RANK = r"(?P<rank>\[rank(?P<rank_no>\d+)\]: ?)"
+_COMPOSE = r"(?P<compose>[a-zA-Z0-9][\w.-]* +\| ?)"
 
-_INNER = re.compile(
-    r" *(?:"
-    # vLLM v1 `INFO 08-25 12:24:19 [file.py:520] ` and V0 `INFO 01-11 15:51:02 file.py:70] `.
+# vLLM v1 `INFO 08-25 12:24:19 [file.py:520] ` and V0 `INFO 01-11 15:51:02 file.py:70] `.
+_VLLM = (
     r"(?P<vllm>(?P<vllm_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d(?::\d\d)?"
     r"(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?)"
-    # Custom Python logging `2024-12-19 21:40:35 ERROR 56542 [file.py:64] ` (date already gone).
-    r"|(?P<custom>(?P<custom_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<custom_pid>\d+) "
-    r"\[[\w./-]+:\d+\] ?)"
-    # Ray's own `2025-03-21 19:23:35,946 INFO file.py:2115 -- ` (date already gone).
-    r"|(?P<ray>(?P<ray_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- )"
-    # SGLang `[2025-08-06 20:26:20 DP1 TP0] ` or `[TP0] `; NCCL lines add a bare `[date time] `.
-    r"|(?P<sglang>\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)? ?(?P<sglang_rank>(?:[A-Z]{2,3}"
-    r"\d+ ?)*)\] )"
-    # glog from torch `W1223 23:34:22.775000 1116 torch/utils/cpp_extension.py:2425] `.
-    r"|(?P<glog>(?P<glog_level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +(?P<glog_pid>\d+) "
-    r"[\w./-]+:\d+\] ?)"
-    # torch c10d `[E ProcessGroupNCCL.cpp:475] `, `[W1230 23:19:23.97 ProcessGroupNCCL.cpp:1250] `.
-    r"|(?P<c10d>\[(?P<c10d_level>[IWEF])(?:\d{3,4} [\d:.]+)? [\w./-]+:\d+\] ?)"
-    # NCCL `host:pid:tid [dev] NCCL WARN ...` (the text keeps `NCCL WARN`).
-    r"|(?P<nccl>[\w.-]+:(?P<nccl_pid>\d+):\d+ \[\d+\] (?:[\w./-]+:\d+ )?(?=NCCL ))"
-    r")"
 )
+# Custom Python logging `2024-12-19 21:40:35 ERROR 56542 [file.py:64] ` (date already gone).
+_CUSTOM = (
+    r"(?P<custom>(?P<custom_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<custom_pid>\d+) "
+    r"\[[\w./-]+:\d+\] ?)"
+)
+# Ray's own `2025-03-21 19:23:35,946 INFO file.py:2115 -- ` (date already gone).
+_RAY = r"(?P<ray>(?P<ray_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- )"
+# SGLang `[2025-08-06 20:26:20 DP1 TP0] ` or `[TP0] `; NCCL lines add a bare `[date time] `.
+_SGLANG = (
+    r"(?P<sglang>\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)? ?(?P<sglang_rank>(?:[A-Z]{2,3}"
+    r"\d+ ?)*)\] )"
+)
+# glog from torch `W1223 23:34:22.775000 1116 torch/utils/cpp_extension.py:2425] `.
+_GLOG = (
+    r"(?P<glog>(?P<glog_level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +(?P<glog_pid>\d+) "
+    r"[\w./-]+:\d+\] ?)"
+)
+# torch c10d `[E ProcessGroupNCCL.cpp:475] `, `[W1230 23:19:23.97 ProcessGroupNCCL.cpp:1250] `.
+_C10D = r"(?P<c10d>\[(?P<c10d_level>[IWEF])(?:\d{3,4} [\d:.]+)? [\w./-]+:\d+\] ?)"
+# NCCL `host:pid:tid [dev] file.cc:N NCCL WARN ...` (the text keeps `NCCL WARN`).
+_NCCL = r"(?P<nccl>[\w.-]+:(?P<nccl_pid>\d+):\d+ \[\d+\] (?:[\w./-]+:\d+ )?(?=NCCL ))"
+
+
+def _alt(*patterns: str) -> re.Pattern[str]:
+    return re.compile("|".join(patterns))
+
+
+_OUTER_PAREN = _alt(_PROC, _RAYLET)
+_OUTER_BRACKET = _alt(_DMESG, _RANK)
+_OUTER_DIGIT = _alt(_TGI, _ISO)
+_OUTER_ALPHA = _alt(_SYSLOG, _KERNEL)
+_COMPOSE_RX = re.compile(_COMPOSE)
+_INNER_LEVEL = _alt(_VLLM, _CUSTOM, _RAY, _GLOG)
+_INNER_BRACKET = _alt(_SGLANG, _C10D)
+_NCCL_RX = re.compile(_NCCL)
+
+
+def _match_outer(text: str, pos: int) -> re.Match[str] | None:
+    """An outer prefix (journal, container, Ray or vLLM process tag) at `pos`."""
+    ch = text[pos : pos + 1]
+    if ch in ("(", " "):
+        return _OUTER_PAREN.match(text, pos)
+    if ch == "[":
+        return _OUTER_BRACKET.match(text, pos)
+    m = None
+    if ch.isdigit():
+        m = _OUTER_DIGIT.match(text, pos)
+    elif ch.isalpha():
+        m = _OUTER_ALPHA.match(text, pos)
+    if m is None and ch.isalnum() and "|" in text:
+        m = _COMPOSE_RX.match(text, pos)
+    return m
+
+
+def _match_inner(text: str, pos: int) -> re.Match[str] | None:
+    """A logger-format prefix (level, time, file:line) at `pos`, after optional spaces."""
+    start = pos
+    while text.startswith(" ", start):
+        start += 1
+    ch = text[start : start + 1]
+    m = None
+    if ch in ("D", "I", "W", "E", "C", "F"):
+        m = _INNER_LEVEL.match(text, start)
+    elif ch == "[":
+        m = _INNER_BRACKET.match(text, start)
+    if m is None and ch.isalnum() and "NCCL " in text:
+        m = _NCCL_RX.match(text, start)
+    return m
+
 
 _ANSI = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3})*m")
 _REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
@@ -94,7 +153,8 @@ def _clean(raw: str) -> str:
     if text.endswith("^M"):
         text = text[:-2]
     text = text.rstrip("\r")
-    if "[" in text and "m" in text:
+    # Ray's colour codes arrive as ESC sequences or, pasted, as bare `[36m` ... `[0m` remnants.
+    if "\x1b" in text or "[0m" in text:
         text = _ANSI.sub("", text)
         if "across cluster]" in text:
             text = _REPEATED.sub("", text)
@@ -121,14 +181,20 @@ def _outer(
     return process, level
 
 
+_INNER_LEVEL_GROUP = {
+    "vllm": "vllm_level",
+    "custom": "custom_level",
+    "ray": "ray_level",
+    "glog": "glog_level",
+    "c10d": "c10d_level",
+}
+
+
 def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | None]:
     """The process and level named by a logger-format prefix."""
-    kind = m.lastgroup
-    groups = m.groupdict()
-    level = None
-    for key in ("vllm_level", "custom_level", "ray_level", "glog_level", "c10d_level"):
-        if groups.get(key):
-            level = _LEVELS[groups[key]]
+    kind = m.lastgroup or ""
+    level_group = _INNER_LEVEL_GROUP.get(kind)
+    level = _LEVELS[m.group(level_group)] if level_group else None
     if kind == "custom":
         process = f"pid:{m.group('custom_pid')}"
     elif kind == "glog":
@@ -141,30 +207,80 @@ def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | Non
     return process, level
 
 
-def parse_line(line: LogLine) -> ParsedLine:
-    """Strip every known prefix from `line.text`; see the corpus README's table of formats."""
-    text = _clean(line.text)
-    process: str | None = None
-    level: str | None = None
-    pos = 0
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """What stripping found at the start of a line: length, process, level."""
+
+    end: int
+    process: str | None
+    level: str | None
+    cacheable: bool  # ends in a logger prefix and a space, so a line sharing it parses alike
+
+
+def _inner_loop(text: str, pos: int, process: str | None, level: str | None) -> _Prefix:
+    """Strip logger-format prefixes from `pos` on."""
+    cacheable = False
     for _ in range(_MAX_PREFIXES):
-        m = _OUTER.match(text, pos)
-        if m is None or m.end() == pos:
-            break
-        process, level = _outer(m, process, level)
-        pos = m.end()
-    for _ in range(_MAX_PREFIXES):
-        m = _INNER.match(text, pos)
+        m = _match_inner(text, pos)
         if m is None or m.end() == pos:
             break
         process, inner_level = _inner(m, process)
         level = inner_level or level
         pos = m.end()
+        cacheable = m.lastgroup != "nccl" and text.endswith(" ", 0, pos)
+    return _Prefix(pos, process, level, cacheable)
+
+
+def _strip(text: str) -> _Prefix:
+    """Strip every known prefix from a cleaned line."""
+    process: str | None = None
+    level: str | None = None
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        m = _match_outer(text, pos)
+        if m is None or m.end() == pos:
+            break
+        process, level = _outer(m, process, level)
+        pos = m.end()
+    return _inner_loop(text, pos, process, level)
+
+
+def _finish(text: str, prefix: _Prefix, line: LogLine) -> ParsedLine:
+    """The parsed line, with the journal's pid and priority as fallbacks."""
+    process, level = prefix.process, prefix.level
     if process is None and line.pid is not None:
         process = f"pid:{line.pid}"
     if level is None and line.priority is not None and line.priority <= 3:
         level = "ERROR"
-    return ParsedLine(text=text[pos:], process=process, level=level)
+    return ParsedLine(text=text[prefix.end :], process=process, level=level)
+
+
+def parse_line(line: LogLine) -> ParsedLine:
+    """Strip every known prefix from `line.text`; see the corpus README's table of formats."""
+    text = _clean(line.text)
+    return _finish(text, _strip(text), line)
+
+
+def parse_lines(lines: Sequence[LogLine]) -> list[ParsedLine]:
+    """`parse_line` over a sequence, reusing the previous line's prefix when it repeats.
+
+    Every line of a logged traceback carries the same prefix (journal header, process tag,
+    `ERROR date [file:line] `), so re-parsing it is the bulk of the work on a crash log.
+    """
+    result: list[ParsedLine] = []
+    last: _Prefix | None = None
+    last_text = ""
+    for line in lines:
+        text = _clean(line.text)
+        if last is not None and text.startswith(last_text):
+            prefix = _inner_loop(text, last.end, last.process, last.level)
+            prefix = _Prefix(prefix.end, prefix.process, prefix.level, True)
+        else:
+            prefix = _strip(text)
+            if prefix.cacheable:
+                last, last_text = prefix, text[: prefix.end]
+        result.append(_finish(text, prefix, line))
+    return result
 
 
 class Role(Enum):
@@ -352,11 +468,6 @@ class _Annotator:
             return Role.BLANK if not text.strip() else self._step(index, line, state, block.process)
         block.details.append(index)
         return Role.DETAIL
-
-
-def parse_lines(lines: Sequence[LogLine]) -> list[ParsedLine]:
-    """`parse_line` over a sequence."""
-    return [parse_line(line) for line in lines]
 
 
 def annotate(lines: Sequence[LogLine]) -> Annotated:

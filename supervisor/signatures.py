@@ -141,9 +141,10 @@ class SignatureTable:
 
     def _hits(self, text: str) -> list[tuple[int, int]]:
         """(signature, pattern) pairs whose pattern the set finds in `text`, best first."""
-        if not self._owners:
+        found = self._set.Match(text) if self._owners else None
+        if not found:
             return []
-        hits = sorted({self._owners[i] for i in self._set.Match(text) or ()})
+        hits = sorted({self._owners[i] for i in found})
         hits.sort(key=lambda hit: _rank(self.signatures[hit[0]]))
         return hits
 
