@@ -102,6 +102,7 @@ class Daemon:
         self.reader = JournalctlReader(
             self._reader_settings(),
             cursor=self.checkpoint.replay_from or self.checkpoint.cursor,
+            inclusive=self.checkpoint.replay_from is not None,
             on_restart=metrics.source_restart,
             on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
         )

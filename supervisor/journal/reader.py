@@ -81,11 +81,14 @@ class JournalctlReader:
         settings: ReaderSettings,
         *,
         cursor: str | None = None,
+        inclusive: bool = False,
         on_restart: Callable[[str], None] | None = None,
         on_invalid: Callable[[int], None] | None = None,
     ) -> None:
         self.settings = settings
         self.cursor = cursor
+        # A saved "last handled" cursor is skipped; a replay point is read again (inclusive).
+        self._inclusive = inclusive
         self.following = asyncio.Event()  # set while a journalctl child runs
         self.restarts = 0
         self._on_restart = on_restart or (lambda reason: None)
@@ -141,7 +144,9 @@ class JournalctlReader:
     ) -> AsyncIterator[list[JournalEntry]]:
         assert process.stdout is not None  # noqa: S101 - created with PIPE above
         parser = ExportParser()
-        skip = self.cursor  # --cursor is inclusive: the saved entry comes first again
+        # --cursor is inclusive: the saved entry comes first again, unless it is to be re-read.
+        skip = None if self._inclusive else self.cursor
+        self._inclusive = False
         stop_wait = asyncio.ensure_future(stop.wait())
         try:
             while True:

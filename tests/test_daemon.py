@@ -1,0 +1,88 @@
+"""The daemon on a real journal: halts, checkpoints, and a restart in the middle of a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from pathlib import Path
+
+from supervisor.app import load_table, quarantine_dir
+from supervisor.config import Config
+from supervisor.daemon import Daemon
+from supervisor.demo import DEMO_UNIT, demo_config, seed_lines
+from supervisor.halt import Halter
+from supervisor.journal.writer import JournalWriter, crashed_invocation
+from supervisor.metrics import Metrics, new_registry
+from supervisor.quarantine import Quarantine
+from supervisor.store import Store
+
+
+def _config(root: Path) -> Config:
+    return dataclasses.replace(
+        demo_config(root), metrics=dataclasses.replace(demo_config(root).metrics, enabled=False)
+    )
+
+
+async def _run_until(config: Config, writer: JournalWriter, history_len: int) -> list[dict]:
+    """Run a fresh daemon until the history holds `history_len` invocations, then stop it."""
+    store = Store.in_directory(config.state.state_dir)
+    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+    daemon = Daemon(
+        config,
+        load_table(config),
+        store=store,
+        metrics=Metrics(new_registry(process=False)),
+        halter=halter,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(daemon.run(stop))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    try:
+        while len(store.history()) < history_len:
+            assert loop.time() < deadline, f"history stuck at {len(store.history())}"
+            assert not task.done(), task
+            writer.nudge()
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    items = store.history()
+    store.close()
+    return items
+
+
+async def test_restart_inside_an_invocation_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """Stopping the daemon mid-crash and starting a new one still sees the whole invocation once."""
+    config = _config(tmp_path)
+    lines = seed_lines()
+    inv = uuid.uuid4().hex
+    first = crashed_invocation(DEMO_UNIT, lines, restarts=1)
+    crash = crashed_invocation(DEMO_UNIT, lines, restarts=2, invocation_id=inv)
+    half = len(crash) // 2  # the root cause sits in the first half of the seed log
+    with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+        writer.write(first + crash[:half])
+        before = await _run_until(config, writer, 1)
+        assert Store.in_directory(config.state.state_dir).load_checkpoint().replay_from
+        writer.write(crash[half:])
+        after = await _run_until(config, writer, 2)
+    assert len(before) == 1
+    assert [i["invocation_id"] for i in after].count(inv) == 1
+    last = after[-1]
+    assert last["verdict"]["signature"] == "flashinfer_cubin_mismatch"
+    assert last["lines"] == len(lines)
+    assert last["decision"]["action"] == "halt"
+    assert (quarantine_dir(config) / f"{DEMO_UNIT}.json").exists()
+
+
+async def test_restart_after_the_end_does_not_act_twice(tmp_path: Path) -> None:
+    """A daemon restarted on the same journal neither repeats nor forgets a crash."""
+    config = _config(tmp_path)
+    with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+        writer.write(crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1))
+        await _run_until(config, writer, 1)
+        writer.write(crashed_invocation(DEMO_UNIT, ["RuntimeError: something new"], restarts=2))
+        items = await _run_until(config, writer, 2)
+    assert len(items) == 2
+    assert len({i["invocation_id"] for i in items}) == 2
