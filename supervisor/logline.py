@@ -166,7 +166,7 @@ def _outer(
 ) -> tuple[str | None, str | None]:
     """Apply one outer prefix's process and level to what is known so far."""
     kind = m.lastgroup
-    if kind == "syslog" and process is None:
+    if kind == "syslog" and process is None and m.group("syslog_pid"):
         process = f"pid:{m.group('syslog_pid')}"
     elif kind == "tgi":
         level = _LEVELS[m.group("tgi_level")]

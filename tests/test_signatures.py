@@ -1,0 +1,271 @@
+"""The signature table: the shipped files load, every signature has a vector that it (and no
+other signature) wins, and a broken table is refused with a message naming file, id and field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.errors import SignatureTableError
+from supervisor.model import Severity
+from supervisor.signatures import (
+    DEFAULT_SIGNATURE_DIR,
+    ENV_SIGNATURE_DIR,
+    SignatureTable,
+    load_signature_table,
+)
+
+VECTORS_FILE = Path(__file__).parent / "data" / "signature_vectors.toml"
+VECTORS: list[dict[str, Any]] = tomllib.loads(VECTORS_FILE.read_text(encoding="utf-8"))["vector"]
+
+
+@pytest.fixture(scope="module", name="table")
+def _table() -> SignatureTable:
+    return load_signature_table()
+
+
+def _write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+GOOD = """
+[[signature]]
+id = "good_one"
+title = "A good one"
+severity = "fatal"
+patterns = ['good (?P<what>\\w+)']
+remediation = "fix {what}"
+"""
+
+
+class TestShippedTable:
+    def test_default_dir_loads(self, table: SignatureTable) -> None:
+        """The shipped table loads and holds at least 40 cause signatures plus noise."""
+        causes = [s for s in table.signatures if s.kind == "cause"]
+        assert len(causes) >= 40
+        assert any(s.kind == "noise" for s in table.signatures)
+        assert any(s.kind == "wrapper" for s in table.signatures)
+
+    def test_default_dir_is_the_repo_config(self) -> None:
+        """Without an installed data dir or env override the repo's config/signatures is used."""
+        assert DEFAULT_SIGNATURE_DIR.name == "signatures"
+        assert (DEFAULT_SIGNATURE_DIR / "vllm.toml").is_file()
+
+    def test_every_signature_has_a_vector(self, table: SignatureTable) -> None:
+        """Every signature id appears in the vector file, and the file names no unknown id."""
+        ids = {s.id for s in table.signatures}
+        covered = {v["signature"] for v in VECTORS}
+        assert ids - covered == set()
+        assert covered - ids == set()
+
+    @pytest.mark.parametrize("vector", VECTORS, ids=lambda v: v["signature"])
+    def test_vector_best_match_is_its_signature(
+        self, table: SignatureTable, vector: dict[str, Any]
+    ) -> None:
+        """Each vector is won by its own signature (no shadowing) with the stated captures."""
+        match = table.match(vector["line"], frames=vector.get("frames", ()))
+        assert match is not None, vector["line"]
+        assert match.signature.id == vector["signature"]
+        for name, value in vector.get("captures", {}).items():
+            assert match.captures.get(name) == value
+
+    def test_every_cause_has_source_and_remediation(self, table: SignatureTable) -> None:
+        """Causes say where they were learnt and what to do; noise needs neither."""
+        for signature in table.signatures:
+            if signature.kind == "cause":
+                assert signature.source, signature.id
+                assert signature.remediation, signature.id
+                assert signature.severity in (Severity.FATAL, Severity.TRANSIENT)
+
+    def test_remediation_renders_captures(self, table: SignatureTable) -> None:
+        """The remediation template is filled with the line's captured versions."""
+        match = table.match(
+            "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version "
+            "(0.6.4). Please install the same version of both packages."
+        )
+        assert match is not None
+        text = match.signature.render_remediation(match.captures)
+        assert text is not None
+        assert "0.6.3" in text
+        assert "0.6.4" in text
+
+    def test_frames_gate_a_signature(self, table: SignatureTable) -> None:
+        """A bare TimeoutError is a broadcast stall only when the traceback is in shm_broadcast."""
+        assert table.match("TimeoutError") is None
+        frame = (
+            '  File "/v/vllm/distributed/device_communicators/shm_broadcast.py", line 460, '
+            "in acquire_read"
+        )
+        match = table.match("TimeoutError", frames=[frame])
+        assert match is not None
+        assert match.signature.id == "shm_broadcast_read_timeout"
+
+    def test_noise_beats_a_cause_on_the_same_line(self, table: SignatureTable) -> None:
+        """The CPU-host libcuda warning is noise even though it also names a missing library."""
+        match = table.match(
+            "Failed to import from vllm._C with ImportError('libcuda.so.1: cannot open shared "
+            "object file: No such file or directory')"
+        )
+        assert match is not None
+        assert match.signature.kind == "noise"
+
+    def test_line_length_is_bounded(self) -> None:
+        """Only the first max_line_chars characters of a line are matched."""
+        table = load_signature_table(max_line_chars=50)
+        line = "x" * 60 + " CUDA error: no kernel image is available for execution on the device"
+        assert table.match(line) is None
+        assert load_signature_table().match(line) is not None
+
+    def test_explain_reports_match_and_misses(self, table: SignatureTable) -> None:
+        """explain lists the winner first and says why the others did not match."""
+        result = table.explain("OSError: [Errno 98] Address already in use")
+        assert result[0].matched
+        assert result[0].signature.id == "port_in_use"
+        assert len(result) == len(table.signatures)
+        reasons = {e.signature.id: e.reason for e in result}
+        assert reasons["flashinfer_cubin_mismatch"] == "no pattern matched"
+
+    def test_explain_names_the_shadowing_signature(self, table: SignatureTable) -> None:
+        """A signature that matched but lost says which one outranked it."""
+        result = table.explain(
+            "RuntimeError: The server socket has failed to listen on any local network address. "
+            "useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use"
+        )
+        by_id = {e.signature.id: e for e in result}
+        assert by_id["torch_distributed_port_in_use"].matched
+        assert "outranked by 'torch_distributed_port_in_use'" in by_id["port_in_use"].reason
+
+    def test_subset_keeps_only_the_domains(self, table: SignatureTable) -> None:
+        """subset keeps the named domains' signatures and refuses an unknown domain."""
+        sub = table.subset(["flashinfer", "noise"])
+        assert {s.domain for s in sub.signatures} == {"flashinfer", "noise"}
+        assert sub.match("OSError: [Errno 98] Address already in use") is None
+        with pytest.raises(SignatureTableError, match="unknown signature domain"):
+            table.subset(["nope"])
+
+    def test_env_var_selects_the_directory(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """VLLM_SUPERVISOR_SIGNATURES points the default directory elsewhere."""
+        import importlib
+
+        import supervisor.signatures as module
+
+        _write(tmp_path, "custom.toml", GOOD)
+        monkeypatch.setenv(ENV_SIGNATURE_DIR, str(tmp_path))
+        assert module._default_signature_dir() == tmp_path
+        monkeypatch.delenv(ENV_SIGNATURE_DIR)
+        importlib.reload(module)
+
+
+# Each case: a file body, then text the error message must contain.
+BAD_TABLES = [
+    pytest.param(
+        GOOD.replace("good (?P<what>\\w+)", "good (?P<what>\\w+"),
+        "signature 'good_one': patterns[0]: invalid regex",
+        id="bad-regex",
+    ),
+    pytest.param(
+        GOOD.replace("patterns = ['good (?P<what>\\w+)']", "patterns = ['a', '(?<=x)b']"),
+        "signature 'good_one': patterns[1]: invalid regex",
+        id="re2-unsupported-lookbehind",
+    ),
+    pytest.param(
+        GOOD.replace("fix {what}", "fix {where}"),
+        "signature 'good_one': remediation: names capture {where} that no pattern defines",
+        id="unknown-capture",
+    ),
+    pytest.param(
+        GOOD + 'colour = "red"\n',
+        "signature 'good_one': colour: unknown key",
+        id="unknown-key",
+    ),
+    pytest.param(
+        GOOD.replace('severity = "fatal"', "severity = 3"),
+        "signature 'good_one': severity: must be a str, got int",
+        id="wrong-type",
+    ),
+    pytest.param(
+        GOOD + "priority = true\n",
+        "signature 'good_one': priority: must be a int, got bool",
+        id="bool-is-not-int",
+    ),
+    pytest.param(
+        GOOD.replace('severity = "fatal"', 'severity = "deadly"'),
+        "severity: must be fatal or transient",
+        id="bad-severity",
+    ),
+    pytest.param(
+        GOOD.replace('severity = "fatal"\n', ""),
+        "severity: missing (required)",
+        id="cause-without-severity",
+    ),
+    pytest.param(
+        GOOD + 'kind = "noise"\n',
+        "a noise entry has no severity",
+        id="noise-with-severity",
+    ),
+    pytest.param(
+        GOOD.replace('id = "good_one"', 'id = "Good-One"'),
+        "id: must be snake_case",
+        id="id-not-snake-case",
+    ),
+    pytest.param(
+        GOOD.replace("patterns = ['good (?P<what>\\w+)']", "patterns = []").replace(
+            'remediation = "fix {what}"\n', ""
+        ),
+        "patterns: must hold at least one regex",
+        id="no-patterns",
+    ),
+    pytest.param(GOOD + GOOD, "signature 'good_one': id: duplicate", id="duplicate-in-file"),
+    pytest.param("[[signature]\n", "invalid TOML", id="bad-toml"),
+    pytest.param("[meta]\nx = 1\n" + GOOD, "unknown top-level key", id="top-level-key"),
+]
+
+
+class TestValidation:
+    @pytest.mark.parametrize(("body", "message"), BAD_TABLES)
+    def test_bad_table_is_refused(self, tmp_path: Path, body: str, message: str) -> None:
+        """A broken file raises SignatureTableError naming the file, id and field."""
+        path = _write(tmp_path, "vllm.toml", body)
+        with pytest.raises(SignatureTableError) as excinfo:
+            load_signature_table([path])
+        assert str(path) in str(excinfo.value)
+        assert message in str(excinfo.value)
+
+    def test_duplicate_id_across_files(self, tmp_path: Path) -> None:
+        """The same id in two domain files is an error naming both files."""
+        first = _write(tmp_path, "a.toml", GOOD)
+        second = _write(tmp_path, "b.toml", GOOD)
+        with pytest.raises(SignatureTableError) as excinfo:
+            load_signature_table([tmp_path])
+        message = str(excinfo.value)
+        assert "signature 'good_one': id: duplicate" in message
+        assert str(first) in message
+        assert str(second) in message
+
+    def test_missing_path(self, tmp_path: Path) -> None:
+        """A path that does not exist is refused."""
+        with pytest.raises(SignatureTableError, match="no such signature file"):
+            load_signature_table([tmp_path / "absent.toml"])
+
+    def test_good_file_loads_with_domain(self, tmp_path: Path) -> None:
+        """A valid file loads; its stem is the signatures' domain."""
+        table = load_signature_table([_write(tmp_path, "mine.toml", GOOD)])
+        assert [s.id for s in table.signatures] == ["good_one"]
+        assert table.signatures[0].domain == "mine"
+        match = table.match("very good stuff")
+        assert match is not None
+        assert match.captures == {"what": "stuff"}
+
+    def test_wrapper_may_omit_severity(self, tmp_path: Path) -> None:
+        """A wrapper without severity loads as UNKNOWN severity."""
+        body = '[[signature]]\nid = "w"\ntitle = "W"\nwrapper = true\npatterns = ["wrapped"]\n'
+        table = load_signature_table([_write(tmp_path, "w.toml", body)])
+        assert table.signatures[0].kind == "wrapper"
+        assert table.signatures[0].severity is Severity.UNKNOWN
