@@ -16,7 +16,7 @@ from supervisor.config import Config, parse_listen, resolve_webhook
 from supervisor.daemon import Daemon
 from supervisor.gatecmd import QUARANTINE_SUBDIR
 from supervisor.halt import Halter
-from supervisor.httpserver import MetricsServer
+from supervisor.httpserver import MetricsServer, combine_health
 from supervisor.metrics import Metrics
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import SlackWebhook
@@ -57,8 +57,9 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
     webhook_url = resolve_webhook(config.slack)
     webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
     outbox = Outbox(store, webhook, metrics, config.slack, host=socket.gethostname())
+    halter_quarantine = Quarantine(quarantine_dir(config))
     halter = Halter(
-        Quarantine(quarantine_dir(config)),
+        halter_quarantine,
         systemd if config.systemd.enabled else None,
         attempts=config.systemd.stop_attempts,
         timeout_s=config.systemd.stop_timeout_s,
@@ -74,7 +75,9 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
         load_table=lambda: load_table(config),
         extra_tasks=[_watchdog(notifier)],
     )
-    server = MetricsServer(metrics, _health(daemon, outbox))
+    for unit in halter_quarantine.list():
+        metrics.units_halted(unit, True)
+    server = MetricsServer(metrics, combine_health(_health(daemon), outbox.health))
     try:
         if config.metrics.enabled:
             host, port = parse_listen(config.metrics.listen, key="metrics.listen")
@@ -93,13 +96,11 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
         store.close()
 
 
-def _health(daemon: Daemon, outbox: Outbox) -> Callable[[], tuple[bool, dict[str, Any]]]:
+def _health(daemon: Daemon) -> Callable[[], tuple[bool, dict[str, Any]]]:
     def check() -> tuple[bool, dict[str, Any]]:
         following = daemon.reader.following.is_set()
-        depth = outbox.depth()
         detail = {
             "following": following,
-            "outbox_depth": depth,
             "state_errors": daemon.state.state_errors,
             "pending_commits": len(daemon.state.pending),
         }

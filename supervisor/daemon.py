@@ -25,6 +25,7 @@ from supervisor.errors import StateError
 from supervisor.journal.reader import JournalctlReader, ReaderSettings
 from supervisor.metrics import Metrics
 from supervisor.model import Action, JournalEntry, Outcome
+from supervisor.notify.slack import action_taken_for
 from supervisor.pipeline import Pipeline
 from supervisor.signatures import SignatureTable
 from supervisor.store import Checkpoint, Store, Writer
@@ -48,6 +49,18 @@ class Notifying(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
     def wake(self) -> None: ...
+
+
+class BatchHook(Protocol):
+    """Sees each batch before the pipeline and each outcome before it is acted on.
+
+    `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
+    await briefly to enrich an outcome (supervisor.hang, supervisor.drift).
+    """
+
+    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
+
+    async def outcome(self, outcome: Outcome) -> Outcome: ...
 
 
 class StatusReporter(Protocol):
@@ -85,6 +98,7 @@ class Daemon:
         reporter: StatusReporter | None = None,
         load_table: Callable[[], SignatureTable] | None = None,
         extra_tasks: Sequence[Callable[[asyncio.Event], Coroutine[None, None, None]]] = (),
+        hooks: Sequence[BatchHook] = (),
     ) -> None:
         self.config = config
         self.store = store
@@ -94,7 +108,11 @@ class Daemon:
         self.reporter = reporter
         self.state = DaemonState()
         self._load_table = load_table
-        self._extra_tasks = extra_tasks
+        self.extra_tasks = list(extra_tasks)  # supervisor.hang and .drift add theirs
+        self.hooks: list[BatchHook] = list(hooks)
+        # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
+        # committed, so a commit never saves a cursor past outcomes not yet recorded.
+        self.lock = asyncio.Lock()
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
             config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
@@ -103,7 +121,7 @@ class Daemon:
             self._reader_settings(),
             cursor=self.checkpoint.replay_from or self.checkpoint.cursor,
             inclusive=self.checkpoint.replay_from is not None,
-            on_restart=metrics.source_restart,
+            on_restart=self._reader_restarted,
             on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
         )
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
@@ -111,6 +129,10 @@ class Daemon:
         self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
+
+    def _reader_restarted(self, reason: str) -> None:
+        self.metrics.source_restart(reason)
+        self.metrics.following(False)
 
     def _reader_settings(self) -> ReaderSettings:
         journal = self.config.journal
@@ -137,7 +159,7 @@ class Daemon:
             tasks.create_task(self._announce_ready(stop))
             if self.notifier is not None:
                 tasks.create_task(self.notifier.run(stop))
-            for extra in self._extra_tasks:
+            for extra in self.extra_tasks:
                 tasks.create_task(extra(stop))
             try:
                 await self._follow(stop)
@@ -152,11 +174,19 @@ class Daemon:
 
     async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
         """Track, decide, act and checkpoint one batch of entries."""
+        async with self.lock:
+            return await self._handle_batch(batch)
+
+    async def _handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
         received = time.time()
         batch = self._skip_replayed(batch)
-        outcomes = self.pipeline.feed(batch)
+        for hook in self.hooks:
+            batch = hook.entries(batch)
+        outcomes = await self._enrich(self.pipeline.feed(batch))
         self.state.entries += len(batch)
         self.metrics.entries_read(len(batch))
+        if not self.metrics.is_following:
+            self.metrics.following(True)
         if batch:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
         for outcome in outcomes:
@@ -164,6 +194,20 @@ class Daemon:
         self._commit(outcomes)
         if outcomes and self.notifier is not None:
             self.notifier.wake()
+        return outcomes
+
+    async def handle_outcomes(self, outcomes: list[Outcome]) -> None:
+        """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`."""
+        outcomes = await self._enrich(outcomes)
+        for outcome in outcomes:
+            await self._act(outcome)
+        self._commit(outcomes)
+        if outcomes and self.notifier is not None:
+            self.notifier.wake()
+
+    async def _enrich(self, outcomes: list[Outcome]) -> list[Outcome]:
+        for hook in self.hooks:
+            outcomes = [await hook.outcome(o) for o in outcomes]
         return outcomes
 
     def _skip_replayed(self, batch: list[JournalEntry]) -> list[JournalEntry]:
@@ -197,15 +241,29 @@ class Daemon:
         if decision.action is Action.HALT:
             self.state.halts += 1
             if self.halter is not None:
-                await self.halter.halt(outcome, dry_run=decision.dry_run)
+                await self._halt(outcome)
         self._report_status()
+
+    async def _halt(self, outcome: Outcome) -> None:
+        assert self.halter is not None  # noqa: S101 - checked by the caller
+        unit = outcome.invocation.unit or "unknown"
+        result = await self.halter.halt(outcome, dry_run=outcome.decision.dry_run)
+        if outcome.decision.dry_run:
+            return
+        error = getattr(result, "error", None)
+        if error is not None:
+            self.metrics.halt_failed(unit, getattr(error, "reason", "dbus_error"))
+            return
+        reason = "unknown_repeat" if outcome.verdict.signature is None else "fatal_signature"
+        self.metrics.halt(unit, reason, float(getattr(result, "latency_s", 0.0)))
+        self.metrics.units_halted(unit, True)
 
     def _commit(self, outcomes: list[Outcome]) -> None:
         self.state.pending += outcomes
         if self._replay_until is not None:
             return  # the saved cursor still stands until the replay passes it
         writers = [
-            self.notifier.writer_for(o, action_taken=_action_taken(o))
+            self.notifier.writer_for(o, action_taken=action_taken_for(o.decision))
             for o in self.state.pending
             if self.notifier is not None
         ]
@@ -276,15 +334,6 @@ class Daemon:
                 f"following {units}; {self.state.outcomes} invocations classified, "
                 f"{self.state.halts} halts; last: {self.state.last_verdict}"
             )
-
-
-def _action_taken(outcome: Outcome) -> str:
-    decision = outcome.decision
-    if decision.action is Action.HALT:
-        return "would halt (dry run)" if decision.dry_run else "halted"
-    if decision.action is Action.ALLOW_RESTART:
-        return "restarting"
-    return "observed"
 
 
 def _after(cursor: str, saved: str) -> bool:

@@ -202,10 +202,6 @@ def test_crash_loop_is_scraped(
     assert _wait(lambda: _query(port, decisions), "the halt decision", procs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="supervisor/daemon.py does not yet call Metrics.halt()/units_halted() after a halt",
-)
 def test_unit_halted_alert_fires(
     daemon: tuple[subprocess.Popen[bytes], int],
     prometheus: tuple[subprocess.Popen[bytes], int],
