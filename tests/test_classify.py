@@ -298,8 +298,11 @@ class TestSpeed:
         ]
         lines = info + seed
         best = min(_timed(classifier, lines) for _ in range(5))
-        # 2x headroom over the 50 ms target for shared CI runners.
-        assert best < 0.100, f"{best * 1000:.1f} ms for {len(lines)} lines"
+        # Shared CI hosts are often loaded; scale the 50 ms budget by how slow a trivial pass
+        # over the same lines is right now (about 1.5 ms on an idle host, so 50 ms there).
+        reference = min(_reference(lines) for _ in range(5))
+        budget = max(0.050, 30 * reference)
+        assert best < budget, f"{best * 1000:.1f} ms for {len(lines)} lines (budget {budget:.3f} s)"
 
     def test_time_is_linear_in_lines(self, classifier: Classifier) -> None:
         """Four times the lines take about four times as long, not sixteen."""
@@ -309,6 +312,13 @@ class TestSpeed:
         t_small = min(_timed(classifier, small) for _ in range(5))
         t_large = min(_timed(classifier, large) for _ in range(5))
         assert t_large < 8 * t_small
+
+
+def _reference(lines: list[LogLine]) -> float:
+    start = time.perf_counter()
+    for line in lines:
+        line.text.split()
+    return time.perf_counter() - start
 
 
 def _timed(classifier: Classifier, lines: list[LogLine]) -> float:
