@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from supervisor.errors import ConfigError
 
@@ -227,6 +228,8 @@ def validate(config: Config) -> Config:
         _positive(f"unit[{index}].hang_grace_s", unit.hang_grace_s)
         if unit.port is not None and not 0 < unit.port < 65536:
             raise ConfigError(f"unit[{index}].port: must be 1..65535 (got {unit.port})")
+        if unit.health_url is not None:
+            _loopback_url(f"unit[{index}].health_url", unit.health_url)
     if config.journal.start_at not in ("auto", "head", "tail"):
         raise ConfigError(
             f"journal.start_at: must be 'auto', 'head' or 'tail' (got {config.journal.start_at!r})"
@@ -276,6 +279,20 @@ def resolve_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ
         return Secret(path.read_text(encoding="utf-8").strip())
     except OSError as exc:
         raise ConfigError(f"slack.webhook_url_file: cannot read {path}: {exc.strerror}") from exc
+
+
+def _loopback_url(key: str, url: str) -> None:
+    """Health URLs are probed only on loopback: the daemon never reaches out across a network."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{key}: expected an http(s) URL such as http://127.0.0.1:8000/health (got {url!r})"
+        )
+    host = parts.hostname
+    if host not in ("localhost", "::1") and not host.startswith("127."):
+        raise ConfigError(
+            f"{key}: only loopback hosts are probed (127.0.0.0/8, ::1, localhost; got {url!r})"
+        )
 
 
 def _positive(key: str, value: float) -> None:

@@ -166,6 +166,8 @@ class Outcome:
     invocation: Invocation
     verdict: Verdict
     decision: Decision
+    # What changed in the unit's environment since its last good start (supervisor.drift).
+    drift: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """One element of the `invocations` list of the triage/history JSON contract."""
@@ -178,6 +180,8 @@ class Outcome:
             "result": inv.result,
             "restarts": inv.restarts,
             "lines": inv.total_lines,
+            "hung": inv.hung,
             "verdict": self.verdict.to_json(),
             "decision": self.decision.to_json(),
+            "drift": list(self.drift),
         }

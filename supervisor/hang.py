@@ -1,0 +1,300 @@
+"""Hung engines: the engine died but the API server stays up, so systemd never restarts it.
+
+vLLM's API server outlives its EngineCore or a worker (it logs `EngineDeadError`, `Engine core
+proc EngineCore_0 died unexpectedly`, ...) and answers every request with 500 while the unit stays
+`active`; SGLang's scheduler can log `Scheduler hit an exception` and never exit
+(DESIGN.md §2, vllm-project/vllm#48966). No lifecycle message ever comes, so the daemon has to
+notice it.
+
+`HangDetector` is pure: it notes each unit's first engine-death line and says when the grace
+period has passed without the invocation ending. `HangWatcher` is the daemon task around it: it
+sleeps until the next deadline, confirms the hang (the unit is still `active` per systemd, and
+the loopback health URL fails), ends the invocation as hung, classifies it through the shared
+pipeline and acts: a halt for a fatal verdict, a restart otherwise (a restart may work).
+
+The death lines are a short list of their own, not the table's `wrapper` signatures: those also
+match lines that precede a normal exit (`Received sigquit from a child process`, TGI's shard
+errors) and would wait on hangs that never come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import httpx
+import structlog
+
+from supervisor.config import Config
+from supervisor.errors import SystemdError
+from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
+from supervisor.systemd import UnitState
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+
+log = structlog.get_logger(__name__)
+
+DEATH_PATTERNS: tuple[str, ...] = (
+    r"EngineDeadError",
+    r"Engine core proc \S+ died unexpectedly",
+    r"Worker proc \S+ died unexpectedly",
+    r"RuntimeError: Engine core initialization failed",
+    r"Engine process \(pid \d+\) died",
+    r"Scheduler hit an exception",
+)
+# PID 1's messages that end an invocation: the journal will report the end, so no hang.
+_ENDING = frozenset(
+    {
+        LifecycleEvent.PROCESS_EXITED.value,
+        LifecycleEvent.UNIT_FAILED.value,
+        LifecycleEvent.DEACTIVATED.value,
+        LifecycleEvent.OOM_KILLED.value,
+        LifecycleEvent.CONDITION_SKIPPED.value,
+    }
+)
+HEALTH_TIMEOUT_S = 5.0
+RETRY_S = 5.0  # a confirmation that could not be made (systemd did not answer) is retried
+MAX_WAIT_S = 60.0  # the watcher never sleeps longer than this between checks
+_HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignored, per daemon
+
+
+@dataclass(slots=True)
+class _Death:
+    invocation_id: str | None
+    line: str
+    due: float
+
+
+class HangDetector:
+    """Notes engine-death lines per unit; `due` names the units whose grace period has passed."""
+
+    def __init__(
+        self,
+        grace_s: Mapping[str, float],
+        *,
+        patterns: Sequence[str] = DEATH_PATTERNS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._grace = dict(grace_s)
+        self._pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+        self._clock = clock
+        self._deaths: dict[str, _Death] = {}
+
+    def observe(self, entry: JournalEntry) -> None:
+        """Note a death line of a supervised unit; forget it when the invocation ends."""
+        unit = entry.unit
+        if unit is None or unit not in self._grace:
+            return
+        death = self._deaths.get(unit)
+        if death is not None and _ends(entry, death.invocation_id):
+            del self._deaths[unit]
+            death = None
+        if death is None and not entry.from_pid1 and self._pattern.search(entry.message):
+            # The grace period runs from when the line was read, not when it was logged: a
+            # journal read from its head must not declare a hang before the end is read.
+            due = self._clock() + self._grace[unit]
+            self._deaths[unit] = _Death(entry.invocation_id, entry.message, due)
+
+    def due(self, now: float) -> list[str]:
+        """Units whose death line is older than their grace period, invocation not ended."""
+        return sorted(u for u, d in self._deaths.items() if d.due <= now)
+
+    def next_due(self) -> float | None:
+        """The earliest deadline (clock time), or None when no engine is known to be dead."""
+        return min((d.due for d in self._deaths.values()), default=None)
+
+    def death(self, unit: str) -> tuple[str | None, str] | None:
+        """The invocation id and the death line noted for `unit`."""
+        death = self._deaths.get(unit)
+        return None if death is None else (death.invocation_id, death.line)
+
+    def postpone(self, unit: str, until: float) -> None:
+        """Check `unit` again at `until` (a confirmation could not be made now)."""
+        if unit in self._deaths:
+            self._deaths[unit].due = until
+
+    def forget(self, unit: str) -> None:
+        """Drop the unit's death line (handled, or the engine turned out to be fine)."""
+        self._deaths.pop(unit, None)
+
+
+def _ends(entry: JournalEntry, invocation_id: str | None) -> bool:
+    """True when `entry` shows the invocation of a noted death has ended."""
+    if invocation_id is not None and entry.invocation_id not in (None, invocation_id):
+        return True  # a new start: the old one ended even if its end was not logged
+    return entry.from_pid1 and entry.message_id in _ENDING
+
+
+async def health_fails(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    """True when the health URL answers non-2xx, times out or cannot be reached."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            response = await client.get(url)
+    except httpx.HTTPError:
+        return True
+    return not response.is_success
+
+
+class UnitStates(Protocol):
+    """Reads a unit's state (supervisor.systemd.SystemdClient)."""
+
+    async def unit_state(self, unit: str) -> UnitState: ...
+
+
+class Restarting(Protocol):
+    """Restarts a unit (supervisor.halt.Halter)."""
+
+    async def restart(self, unit: str) -> str: ...
+
+
+class HangWatcher:
+    """The daemon task that confirms and handles hung engines; also a daemon batch hook."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        *,
+        systemd: UnitStates | None,
+        restarter: Restarting | None,
+        health: Callable[[str], Awaitable[bool]] = health_fails,
+        clock: Callable[[], float] = time.monotonic,
+        systemd_timeout_s: float = 10.0,
+    ) -> None:
+        self.daemon = daemon
+        self.config: Config = daemon.config
+        self.detector = HangDetector(
+            {u.name: u.hang_grace_s for u in self.config.units}, clock=clock
+        )
+        self._systemd = systemd
+        self._restarter = restarter
+        self._health = health
+        self._clock = clock
+        self._systemd_timeout_s = systemd_timeout_s
+        self._wake = asyncio.Event()
+        self._hung: deque[tuple[str, str]] = deque(maxlen=_HUNG_REMEMBERED)
+
+    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
+        """Note death lines; drop the later lines of an invocation already closed as hung.
+
+        A hung invocation is closed before systemd ends it; its last lines and PID 1's messages
+        about its end would otherwise open it again and end it a second time, as a clean stop
+        that resets the policy's streak of identical crashes.
+        """
+        before = self.detector.next_due()
+        kept = [e for e in batch if (e.unit or "", e.invocation_id or "") not in self._hung]
+        for entry in kept:
+            self.detector.observe(entry)
+        if self.detector.next_due() != before:
+            self._wake.set()
+        return kept
+
+    async def outcome(self, outcome: Outcome) -> Outcome:
+        """Ended invocations pass unchanged (the batch-hook protocol)."""
+        return outcome
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sleep until the next grace period ends (or a new death is seen); check due units."""
+        while not stop.is_set():
+            await self._sleep(stop)
+            for unit in self.detector.due(self._clock()):
+                await self.check(unit)
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        due = self.detector.next_due()
+        wait = MAX_WAIT_S if due is None else min(MAX_WAIT_S, max(0.0, due - self._clock()))
+        self._wake.clear()
+        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
+        try:
+            await asyncio.wait(waiters, timeout=wait, return_when="FIRST_COMPLETED")
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def check(self, unit: str) -> Outcome | None:
+        """Confirm a due unit's hang and handle it; the outcome, or None when it is not hung."""
+        noted = self.detector.death(unit)
+        if noted is None or not self._still_open(unit, noted[0]):
+            self.detector.forget(unit)
+            return None
+        if not await self._confirmed(unit):
+            return None
+        async with self.daemon.lock:
+            return await self._handle(unit, noted)
+
+    async def _handle(self, unit: str, noted: tuple[str | None, str]) -> Outcome | None:
+        self.detector.forget(unit)
+        if not self._still_open(unit, noted[0]):  # it ended while we asked
+            return None
+        pipeline = self.daemon.pipeline
+        invocation = pipeline.tracker.close(unit, hung=True)
+        if invocation is None:
+            return None
+        if invocation.invocation_id is not None:
+            self._hung.append((unit, invocation.invocation_id))
+        outcome = pipeline.decide(invocation)
+        log.warning(
+            "engine_hung",
+            unit=unit,
+            invocation_id=invocation.invocation_id,
+            death_line=noted[1],
+            action=outcome.decision.action.value,
+        )
+        await self._restart_if_allowed(unit, outcome)
+        await self.daemon.handle_outcomes([outcome])
+        return outcome
+
+    def _still_open(self, unit: str, invocation_id: str | None) -> bool:
+        current = self.daemon.pipeline.tracker.open_invocation(unit)
+        if current is None:
+            return False
+        return invocation_id is None or current.invocation_id == invocation_id
+
+    async def _confirmed(self, unit: str) -> bool:
+        """The unit is still active (when systemd is used) and its health URL fails (if set)."""
+        if self._systemd is not None:
+            try:
+                async with asyncio.timeout(self._systemd_timeout_s):
+                    state = await self._systemd.unit_state(unit)
+            except (SystemdError, TimeoutError) as exc:
+                log.warning("hang_check_failed", unit=unit, error=str(exc) or "timeout")
+                self.detector.postpone(unit, self._clock() + RETRY_S)
+                return False
+            if state.active_state != "active":
+                # It is stopping or restarting: the journal will show how it ended.
+                log.info("hang_not_confirmed", unit=unit, reason="unit_not_active")
+                self.detector.forget(unit)
+                return False
+        url = self.config.unit(unit).health_url
+        if url is not None and not await self._health(url):
+            log.info("hang_not_confirmed", unit=unit, reason="health_ok")
+            self.detector.forget(unit)
+            return False
+        return True
+
+    async def _restart_if_allowed(self, unit: str, outcome: Outcome) -> None:
+        decision = outcome.decision
+        if decision.action is not Action.ALLOW_RESTART or self.config.is_dry_run(unit):
+            return  # a halt is the daemon's own action; a dry run only reports
+        if self._restarter is None:
+            log.warning("hang_restart_skipped", unit=unit, reason="systemd_disabled")
+            return
+        try:
+            await self._restarter.restart(unit)
+        except SystemdError as exc:
+            log.error("hang_restart_failed", unit=unit, reason=exc.reason, error=str(exc))
+
+
+def install(
+    daemon: Daemon, *, systemd: UnitStates | None, restarter: Restarting | None
+) -> HangWatcher:
+    """Add hang detection to `daemon`: its batch hook and its timer task."""
+    watcher = HangWatcher(daemon, systemd=systemd, restarter=restarter)
+    daemon.hooks.append(watcher)
+    daemon.extra_tasks.append(watcher.run)
+    return watcher

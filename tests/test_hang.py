@@ -1,0 +1,333 @@
+"""Hung engines: the pure detector, the confirmation rules, and the daemon on a real journal."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from supervisor.app import load_table, quarantine_dir
+from supervisor.config import Config, UnitConfig, validate
+from supervisor.daemon import Daemon
+from supervisor.demo import demo_config
+from supervisor.errors import ConfigError
+from supervisor.halt import Halter
+from supervisor.hang import HangDetector, HangWatcher, install
+from supervisor.journal.writer import JournalWriter, lifecycle, service_lines
+from supervisor.metrics import Metrics, new_registry
+from supervisor.model import JournalEntry, LifecycleEvent
+from supervisor.quarantine import Quarantine
+from supervisor.store import Store
+from supervisor.systemd import UnitState
+
+UNIT = "vllm.service"
+INV = "a" * 32
+
+
+class Clock:
+    """A settable clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def line(text: str, inv: str = INV, unit: str = UNIT) -> JournalEntry:
+    return JournalEntry(cursor="c", realtime_us=1, message=text, unit=unit, invocation_id=inv)
+
+
+def pid1(event: LifecycleEvent, inv: str = INV) -> JournalEntry:
+    return JournalEntry(
+        cursor="c",
+        realtime_us=1,
+        message="systemd",
+        unit=UNIT,
+        invocation_id=inv,
+        message_id=event.value,
+        from_pid1=True,
+    )
+
+
+DEAD = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+
+
+class TestHangDetector:
+    @pytest.mark.parametrize(
+        ("entries", "advance", "due"),
+        [
+            # vLLM V1: the API server logs EngineDeadError and keeps running.
+            ([line(DEAD)], 31.0, [UNIT]),
+            # Still inside the grace period.
+            ([line(DEAD)], 29.0, []),
+            # The engine core process died.
+            (
+                [line("ERROR Engine core proc EngineCore_0 died unexpectedly, shutting down")],
+                31,
+                [UNIT],
+            ),
+            # A worker died.
+            (
+                [line("Worker proc VllmWorker-1 died unexpectedly, shutting down executor.")],
+                31,
+                [UNIT],
+            ),
+            # Engine init failed but the API server stays up.
+            (
+                [line("RuntimeError: Engine core initialization failed. See root cause above.")],
+                31,
+                [UNIT],
+            ),
+            # SGLang's scheduler raised and nothing exits.
+            ([line("[2025-01-01 TP0] Scheduler hit an exception: Traceback")], 31, [UNIT]),
+            # An ordinary line is no death.
+            ([line("INFO:     127.0.0.1:5000 - GET /health 200 OK")], 31, []),
+            # The invocation ended: systemd saw the process exit, the journal tells the rest.
+            ([line(DEAD), pid1(LifecycleEvent.PROCESS_EXITED)], 31, []),
+            ([line(DEAD), pid1(LifecycleEvent.UNIT_FAILED)], 31, []),
+            ([line(DEAD), pid1(LifecycleEvent.DEACTIVATED)], 31, []),
+            # A new invocation started: the old one ended even without its end logged.
+            ([line(DEAD), line("INFO starting", inv="b" * 32)], 31, []),
+            # PID 1's other messages (restart scheduled) do not end the invocation.
+            ([line(DEAD), pid1(LifecycleEvent.RESTART_SCHEDULED)], 31, [UNIT]),
+            # A death line of a unit that is not supervised is ignored.
+            ([line(DEAD, unit="other.service")], 31, []),
+        ],
+    )
+    def test_due_after_grace(
+        self, entries: list[JournalEntry], advance: float, due: list[str]
+    ) -> None:
+        """A death line makes its unit due once the grace period passes without an end."""
+        clock = Clock()
+        detector = HangDetector({UNIT: 30.0}, clock=clock)
+        for entry in entries:
+            detector.observe(entry)
+        assert detector.due(clock.now + advance) == due
+
+    def test_first_death_line_starts_the_grace_period(self) -> None:
+        """Later death lines of the same invocation do not push the deadline back."""
+        clock = Clock()
+        detector = HangDetector({UNIT: 30.0}, clock=clock)
+        detector.observe(line(DEAD))
+        clock.now += 20
+        detector.observe(line(DEAD))
+        assert detector.next_due() == 1030.0
+
+    def test_postpone_and_forget(self) -> None:
+        """A postponed unit is due later; a forgotten one never."""
+        clock = Clock()
+        detector = HangDetector({UNIT: 1.0}, clock=clock)
+        detector.observe(line(DEAD))
+        detector.postpone(UNIT, 2000.0)
+        assert detector.due(1500.0) == []
+        assert detector.due(2000.0) == [UNIT]
+        detector.forget(UNIT)
+        assert detector.due(5000.0) == []
+        assert detector.next_due() is None
+
+
+class TestHealthUrlConfig:
+    @pytest.mark.parametrize(
+        ("url", "ok"),
+        [
+            ("http://127.0.0.1:8000/health", True),
+            ("http://localhost:8000/health", True),
+            ("http://[::1]:8000/health", True),
+            ("http://10.0.0.5:8000/health", False),  # another host: refused
+            ("http://example.com/health", False),
+            ("ftp://127.0.0.1/health", False),  # not http
+        ],
+    )
+    def test_only_loopback(self, url: str, ok: bool) -> None:
+        """A health URL must name a loopback host; anything else is a config error."""
+        config = Config(units=(UnitConfig(name=UNIT, health_url=url),))
+        if ok:
+            validate(config)
+        else:
+            with pytest.raises(ConfigError, match=r"unit\[0\]\.health_url"):
+                validate(config)
+
+
+class FakeSystemd:
+    """Reports a fixed ActiveState and counts the calls."""
+
+    def __init__(self, active_state: str) -> None:
+        self.active_state = active_state
+        self.calls = 0
+
+    async def unit_state(self, unit: str) -> UnitState:
+        self.calls += 1
+        return UnitState(
+            active_state=self.active_state,
+            sub_state="running",
+            n_restarts=0,
+            result="success",
+            invocation_id=INV,
+            main_pid=1,
+        )
+
+
+class FakeRestarter:
+    """Records restarts."""
+
+    def __init__(self) -> None:
+        self.units: list[str] = []
+
+    async def restart(self, unit: str) -> str:
+        self.units.append(unit)
+        return "/job/1"
+
+
+def _config(root: Path, **unit: object) -> Config:
+    base = demo_config(root)
+    return dataclasses.replace(
+        base,
+        units=(UnitConfig(**{"name": UNIT, "hang_grace_s": 0.5, **unit}),),  # type: ignore[arg-type]
+        metrics=dataclasses.replace(base.metrics, enabled=False),
+    )
+
+
+@pytest.fixture(name="store")
+def _store(tmp_path: Path) -> Iterator[Store]:
+    store = Store.in_directory(tmp_path / "state")
+    yield store
+    store.close()
+
+
+def _daemon(config: Config, store: Store) -> Daemon:
+    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+    return Daemon(
+        config,
+        load_table(config),
+        store=store,
+        metrics=Metrics(new_registry(process=False)),
+        halter=halter,
+    )
+
+
+class TestHangWatcher:
+    @pytest.mark.parametrize(
+        ("active_state", "healthy", "hung", "restarted"),
+        [
+            # Active and the health URL fails: hung; an unknown crash is restarted.
+            ("active", False, True, True),
+            # Systemd already stops or restarts it: the journal will show the end.
+            ("deactivating", False, False, False),
+            # The health URL answers 2xx: the API recovered, no hang.
+            ("active", True, False, False),
+        ],
+    )
+    async def test_confirmation(
+        self,
+        tmp_path: Path,
+        store: Store,
+        active_state: str,
+        healthy: bool,
+        hung: bool,
+        restarted: bool,
+    ) -> None:
+        """A due unit is handled only when systemd says active and the health URL fails."""
+        config = _config(tmp_path, health_url="http://127.0.0.1:1/health")
+        daemon = _daemon(config, store)
+        clock = Clock()
+        systemd, restarter = FakeSystemd(active_state), FakeRestarter()
+
+        async def health(url: str) -> bool:
+            return not healthy
+
+        watcher = HangWatcher(
+            daemon, systemd=systemd, restarter=restarter, health=health, clock=clock
+        )
+        daemon.hooks.append(watcher)
+        await daemon.handle_batch([line("INFO starting"), line(DEAD)])
+        clock.now += 1
+        assert watcher.detector.due(clock.now) == [UNIT]
+        outcome = await watcher.check(UNIT)
+        assert (outcome is not None) == hung
+        assert systemd.calls == 1
+        assert restarter.units == ([UNIT] if restarted else [])
+        assert [h["hung"] for h in store.history()] == ([True] if hung else [])
+        assert watcher.detector.due(clock.now + 100) == []
+
+    async def test_later_lines_of_a_hung_invocation_are_ignored(
+        self, tmp_path: Path, store: Store
+    ) -> None:
+        """After a hang is handled, the invocation's own end is not recorded a second time."""
+        config = _config(tmp_path)
+        daemon = _daemon(config, store)
+        clock = Clock()
+        watcher = HangWatcher(daemon, systemd=None, restarter=None, clock=clock)
+        daemon.hooks.append(watcher)
+        await daemon.handle_batch([line("INFO starting"), line(DEAD)])
+        clock.now += 1
+        assert await watcher.check(UNIT) is not None
+        outcomes = await daemon.handle_batch(
+            [line("INFO shutting down"), pid1(LifecycleEvent.DEACTIVATED)]
+        )
+        assert outcomes == []
+        assert len(store.history()) == 1
+
+
+async def _serve_500() -> asyncio.Server:
+    """A loopback HTTP server whose every answer is 500, as vLLM's /health after its engine died."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def test_daemon_records_a_hung_engine_on_a_real_journal(tmp_path: Path, store: Store) -> None:
+    """EngineDeadError with the unit still up and /health at 500 is recorded as hung and decided."""
+    server = await _serve_500()
+    port = server.sockets[0].getsockname()[1]
+    config = _config(tmp_path, health_url=f"http://127.0.0.1:{port}/health", hang_grace_s=1.0)
+    daemon = _daemon(config, store)
+    install(daemon, systemd=None, restarter=None)
+    inv = uuid.uuid4().hex
+    entries = [
+        lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.", JOB_RESULT="done"),
+        *service_lines(
+            UNIT,
+            inv,
+            [
+                "INFO:     Application startup complete.",
+                "ERROR [core.py:586] EngineCore encountered a fatal error.",
+                "ERROR [async_llm.py:420] AsyncLLM output_handler failed.",
+                DEAD,
+                'INFO:     127.0.0.1:40000 - "POST /v1/completions HTTP/1.1" 500',
+            ],
+        ),
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+        writer.write(entries)
+        task = asyncio.create_task(daemon.run(stop))
+        started = loop.time()
+        try:
+            while not store.history():
+                assert loop.time() - started < 15, "no hang recorded"
+                assert not task.done(), task
+                writer.nudge()
+                await asyncio.sleep(0.05)  # polling with a deadline
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+            server.close()
+            await server.wait_closed()
+    [record] = store.history()
+    assert record["invocation_id"] == inv
+    assert record["hung"] is True
+    assert record["decision"]["action"] in ("allow-restart", "halt")
+    assert "EngineCore" in (record["verdict"]["root_cause"] or "")
