@@ -66,6 +66,11 @@ def journalctl_argv(settings: ReaderSettings, cursor: str | None) -> list[str]:
         argv += ["--follow", "--boot=all"]
     if cursor is not None:
         argv.append(f"--cursor={cursor}")
+        if settings.follow:
+            # journalctl 252 with --follow shows only --lines (default 10) entries from the
+            # cursor and the rest after the next write to the journal: a halted unit writes
+            # nothing more, so its crash would wait forever. --no-tail prints all of them.
+            argv.append("--no-tail")
     elif settings.follow and settings.start_at == "tail":
         argv.append("--lines=0")
     elif settings.follow:
