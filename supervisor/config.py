@@ -320,7 +320,7 @@ def _build(cls: type[Any], raw: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {exc}") from exc
 
 
-def _convert(hint: Any, value: Any, key: str) -> Any:  # noqa: PLR0911 - one branch per type
+def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):

@@ -5,7 +5,7 @@
     ├── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
     ├── JournalError           the journal cannot be read (journalctl missing, bad directory)
     ├── StateError             the state database cannot be opened or written
-    └── ActionError            an action (systemd stop, Slack) failed; `retryable` and `reason` say how
+    └── ActionError            an action (systemd stop, Slack) failed; see `retryable`, `reason`
         ├── SystemdError       a D-Bus call to systemd failed
         └── NotifyError        a notification could not be delivered
 """

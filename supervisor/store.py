@@ -142,7 +142,7 @@ class Store:
             )
 
     def history(self, unit: str | None = None) -> list[dict[str, Any]]:
-        """Every classified invocation, oldest first, in the triage JSON shape plus time/notified."""
+        """Every classified invocation, oldest first: the triage JSON plus time and notified."""
         sql = "SELECT time, outcome, notified FROM history"
         args: tuple[Any, ...] = ()
         if unit is not None:

@@ -1,4 +1,4 @@
-"""Shared fixtures: deadlines for polling, and a real journal directory written by journal-remote."""
+"""Shared fixtures: polling with a deadline, and real journal directories (journal-remote)."""
 
 from __future__ import annotations
 

@@ -121,12 +121,10 @@ class TestRealJournal:
         assert got == _lines("line", 5)
 
 
-async def _until(
-    condition: Callable[[], bool], writer: JournalWriter | None = None, timeout: float = 20.0
-) -> None:
+async def _until(condition: Callable[[], bool], writer: JournalWriter | None = None) -> None:
     """Poll with a deadline, nudging journal-remote's followers as journald would."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + 20.0
     while not condition():
         if loop.time() > deadline:
             pytest.fail("condition not met in time")
