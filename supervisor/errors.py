@@ -1,13 +1,13 @@
 """The supervisor's exceptions, one tree, translated from library errors at the boundary.
 
-    SupervisorError
-    ├── ConfigError            a config file or flag is wrong; the message names the key and the fix
-    ├── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
-    ├── JournalError           the journal cannot be read (journalctl missing, bad directory)
-    ├── StateError             the state database cannot be opened or written
-    └── ActionError            an action (systemd stop, Slack) failed; see `retryable`, `reason`
-        ├── SystemdError       a D-Bus call to systemd failed
-        └── NotifyError        a notification could not be delivered
+SupervisorError
+├── ConfigError            a config file or flag is wrong; the message names the key and the fix
+├── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
+├── JournalError           the journal cannot be read (journalctl missing, bad directory)
+├── StateError             the state database cannot be opened or written
+└── ActionError            an action (systemd stop, Slack) failed; see `retryable`, `reason`
+    ├── SystemdError       a D-Bus call to systemd failed
+    └── NotifyError        a notification could not be delivered
 """
 
 from __future__ import annotations
