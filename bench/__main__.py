@@ -1,0 +1,209 @@
+"""`python -m bench`: the supervisor's journal ingest against the usual JSON pipeline, same run.
+
+Options: `--entries N` (default 500k), `--runs K` (default 5), `--quick` (a small journal, 2 runs,
+a short live phase: the CI smoke), `--no-live`, `--out PATH` (default bench/results/latest.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.generate import UNIT, journal_for
+from bench.ingest import MODES
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
+LABELS = {
+    "supervisor": "supervisor ingest (journalctl -o export + Pipeline)",
+    "json": "baseline: journalctl -o json | json.loads",
+    "export": "ceiling: journalctl -o export > /dev/null",
+    "export_fields": "ceiling: same, with our --output-fields",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--entries", type=int, default=500_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="small and fast: the CI smoke")
+    parser.add_argument("--no-live", action="store_true", help="skip the follow-mode figures")
+    parser.add_argument("--live-seconds", type=float, default=10.0)
+    parser.add_argument("--live-rates", default="2000,20000")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--cache", type=Path, default=None, help="journal cache directory")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.entries = min(args.entries, 20_000)
+        args.runs = min(args.runs, 2)
+        args.live_seconds = min(args.live_seconds, 2.0)
+        args.live_rates = "2000"
+    return args
+
+
+def run_once(mode: str, directory: Path) -> dict[str, Any]:
+    """One measured read in a fresh interpreter (its own rusage, its own journalctl child)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.ingest", mode, str(directory), UNIT],
+        capture_output=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"bench.ingest {mode} failed:\n{result.stderr.decode()[-2000:]}")
+    return json.loads(result.stdout.decode().strip().splitlines()[-1])
+
+
+def summarise(mode: str, runs: list[dict[str, Any]], entries: int) -> dict[str, Any]:
+    """Medians over runs; peak RSS is the maximum over runs."""
+    rates = [entries / r["wall_s"] for r in runs]
+    cpu = [(r["cpu_self_s"] + r["cpu_journalctl_s"]) / entries * 1e6 for r in runs]
+    return {
+        "label": LABELS[mode],
+        "runs": len(runs),
+        "entries": entries,
+        "entries_per_s": statistics.median(rates),
+        "entries_per_s_min": min(rates),
+        "entries_per_s_max": max(rates),
+        "cpu_s_per_million": statistics.median(cpu),
+        "cpu_python_s_per_million": statistics.median(
+            r["cpu_self_s"] / entries * 1e6 for r in runs
+        ),
+        "cpu_journalctl_s_per_million": statistics.median(
+            r["cpu_journalctl_s"] / entries * 1e6 for r in runs
+        ),
+        "rss_python_mb": max(r["rss_self_kb"] for r in runs) / 1024,
+        "rss_journalctl_mb": max(r["rss_journalctl_kb"] for r in runs) / 1024,
+        "wall_s": [round(r["wall_s"], 3) for r in runs],
+    }
+
+
+def measure_ingest(directory: Path, entries: int, runs: int) -> dict[str, Any]:
+    """Every mode `runs` times, interleaved (A B C D A B C D ...), summarised."""
+    raw: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    for index in range(runs):
+        for mode in MODES:
+            result = run_once(mode, directory)
+            if mode in ("supervisor", "json") and result["entries"] != entries:
+                raise SystemExit(f"{mode} read {result['entries']} entries, expected {entries}")
+            raw[mode].append(result)
+            rate = entries / result["wall_s"]
+            print(f"  run {index + 1}/{runs} {mode:<14} {rate:>10,.0f} entries/s", flush=True)
+    summary = {mode: summarise(mode, raw[mode], entries) for mode in MODES}
+    base = summary["json"]
+    for item in summary.values():
+        item["speed_vs_baseline"] = item["entries_per_s"] / base["entries_per_s"]
+        item["cpu_vs_baseline"] = item["cpu_s_per_million"] / base["cpu_s_per_million"]
+    sup = raw["supervisor"]
+    classify = [ms for r in sup for ms in r["classify_ms"]]
+    summary["supervisor"]["classification"] = {
+        "invocations": sup[-1]["invocations"],
+        "crashed": sup[-1]["crashed"],
+        "halts": sup[-1]["halts"],
+        "signatures": sup[-1]["signatures"],
+        "classify_ms_p50": statistics.median(classify) if classify else 0.0,
+        "classify_ms_max": max(classify) if classify else 0.0,
+    }
+    return summary
+
+
+def table(ingest: dict[str, Any]) -> str:
+    """The side-by-side table (Markdown)."""
+    rows = [
+        "| reader | entries/s (median) | vs baseline | CPU s / M entries (python + journalctl)"
+        " | CPU vs baseline | peak RSS python / journalctl (MB) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for mode in MODES:
+        s = ingest[mode]
+        python_cpu = "-" if mode.startswith("export") else f"{s['cpu_python_s_per_million']:.1f}"
+        rss_python = "-" if mode.startswith("export") else f"{s['rss_python_mb']:.0f}"
+        rows.append(
+            f"| {s['label']} | {s['entries_per_s']:,.0f} | {s['speed_vs_baseline']:.2f}x "
+            f"| {s['cpu_s_per_million']:.1f} ({python_cpu} + "
+            f"{s['cpu_journalctl_s_per_million']:.1f}) | {s['cpu_vs_baseline']:.0%} "
+            f"| {rss_python} / {s['rss_journalctl_mb']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def live_table(live: list[dict[str, Any]]) -> str:
+    """The follow-mode figures (Markdown)."""
+    rows = [
+        "| rate (lines/s) | seconds | handled | supervisor CPU % | lag p50 / p99 (ms) "
+        "| crash latency p50 / p99 (ms) | crashes decided |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for item in live:
+        rows.append(
+            f"| {item['rate']:,} (achieved {item['achieved_rate']:,.0f}) | {item['seconds']:.1f} "
+            f"| {item['handled']:,} | {item['cpu_percent']:.1f} "
+            f"| {item['lag_ms_p50']:.0f} / {item['lag_ms_p99']:.0f} "
+            f"| {item['crash_ms_p50']:.0f} / {item['crash_ms_p99']:.0f} "
+            f"| {item['crashes_decided']}/{item['crashes_written']} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate (or reuse) the journal, measure, print the tables, write the JSON."""
+    args = parse_args(argv)
+    journal = journal_for(args.entries, root=args.cache)
+    print(
+        f"journal: {journal.entries:,} entries ({journal.unit_entries:,} of {UNIT}), "
+        f"{journal.bytes_on_disk / 1e6:.0f} MB, {journal.crashes} crashes: {journal.directory}"
+    )
+    started = time.time()
+    ingest = measure_ingest(journal.directory, journal.unit_entries, args.runs)
+    print()
+    print(table(ingest))
+    c = ingest["supervisor"]["classification"]
+    print(
+        f"\nclassification: {c['crashed']} crashed invocations -> {c['signatures']}, "
+        f"{c['halts']} halts; per invocation p50 {c['classify_ms_p50']:.1f} ms, "
+        f"max {c['classify_ms_max']:.1f} ms"
+    )
+    live: list[dict[str, Any]] = []
+    if not args.no_live:
+        from bench.live import measure_live
+
+        for rate in (int(r) for r in args.live_rates.split(",") if r):
+            print(f"\nlive: {rate:,} lines/s for {args.live_seconds:.0f} s ...", flush=True)
+            live.append(measure_live(rate, args.live_seconds))
+        print()
+        print(live_table(live))
+    result = {
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "journal": {
+            "entries": journal.entries,
+            "unit_entries": journal.unit_entries,
+            "crashes": journal.crashes,
+            "bytes_on_disk": journal.bytes_on_disk,
+            "directory": str(journal.directory),
+        },
+        "runs": args.runs,
+        "ingest": ingest,
+        "live": live,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

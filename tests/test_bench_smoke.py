@@ -1,0 +1,63 @@
+"""`python -m bench --quick` runs end to end and writes its JSON (behaviour only, no timing)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("journalctl") is None or not Path("/lib/systemd/systemd-journal-remote").exists(),
+    reason="needs journalctl and systemd-journal-remote",
+)
+
+
+class TestBenchSmoke:
+    def test_quick_run_writes_every_figure(self, tmp_path: Path) -> None:
+        """A quick run measures every reader and the live daemon, and writes positive figures."""
+        out = tmp_path / "latest.json"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench",
+                "--quick",
+                "--entries",
+                "5000",
+                "--runs",
+                "1",
+                "--live-seconds",
+                "1.5",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        result = json.loads(out.read_text())
+        assert result["journal"]["unit_entries"] > 0
+        ingest = result["ingest"]
+        assert set(ingest) == {"supervisor", "json", "export", "export_fields"}
+        for figures in ingest.values():
+            for key in ("entries_per_s", "cpu_s_per_million", "rss_journalctl_mb"):
+                assert figures[key] > 0, key
+            assert figures["speed_vs_baseline"] > 0
+        assert ingest["json"]["speed_vs_baseline"] == pytest.approx(1.0)
+        classification = ingest["supervisor"]["classification"]
+        assert classification["crashed"] == result["journal"]["crashes"]
+        assert classification["signatures"] == ["flashinfer_cubin_mismatch"]
+        assert classification["classify_ms_max"] > 0
+        (live,) = result["live"]
+        assert live["handled"] > 0
+        assert live["cpu_percent"] > 0
+        assert live["lag_ms_p99"] >= live["lag_ms_p50"]
