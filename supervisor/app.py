@@ -12,8 +12,10 @@ from typing import Any
 
 import structlog
 
+from supervisor import drift, hang
 from supervisor.config import Config, parse_listen, resolve_webhook
 from supervisor.daemon import Daemon
+from supervisor.environment import EnvironmentLog
 from supervisor.gatecmd import QUARANTINE_SUBDIR
 from supervisor.halt import Halter
 from supervisor.httpserver import MetricsServer, combine_health
@@ -75,6 +77,9 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
         load_table=lambda: load_table(config),
         extra_tasks=[_watchdog(notifier)],
     )
+    control = systemd if config.systemd.enabled else None
+    hang.install(daemon, systemd=control, restarter=halter if control else None)
+    drift.install(daemon, EnvironmentLog(store), exec_start=control.exec_start if control else None)
     for unit in halter_quarantine.list():
         metrics.units_halted(unit, True)
     server = MetricsServer(metrics, combine_health(_health(daemon), outbox.health))

@@ -210,6 +210,9 @@ def _blocks(
         blocks.append(_section("Crash site", _code(site)))
     if verdict.remediation:
         blocks.append(_section("Remediation", escape(verdict.remediation)))
+    if outcome.drift:
+        changed = escape("; ".join(outcome.drift))
+        blocks.append(_section("Changed since the last good start", changed))
     if group is not None and group.count > 1:
         blocks.append(_section("Grouped", escape(_group_line(group))))
     blocks.append(_section("Action", _action_line(action, unit)))
@@ -227,6 +230,8 @@ def _fallback(outcome: Outcome, host: str, action: ActionTaken, group: Group | N
         f"restarts: {'unknown' if restarts is None else restarts})",
         f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
     ]
+    if outcome.drift:
+        lines.append(f"Changed since the last good start: {'; '.join(outcome.drift)}")
     if group is not None and group.count > 1:
         lines.append(_group_line(group))
     lines.append(f"Action: {action.value}")

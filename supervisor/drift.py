@@ -1,0 +1,201 @@
+"""Environment drift in the daemon: a snapshot at each start, good starts marked, drift on crashes.
+
+When a supervised unit starts a new invocation (its first journal line or PID 1's "Started"
+carries a new invocation id), the daemon probes the unit's interpreter in a thread and keeps the
+snapshot in the environment log (supervisor.environment). A start becomes *good* once one of its
+lines says the server is serving, or once it ran `drift.good_start_s`. When an invocation
+crashes, its outcome carries what changed since the last good start
+(`flashinfer-python 0.6.3 → 0.6.4`), which history and Slack show.
+
+The batch hook only notes starts and good marks (no IO, it runs inside the batch); the recorder
+task does the probing and the writes, in order, so a good mark never precedes its snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from supervisor.environment import (
+    EnvironmentLog,
+    EnvSnapshot,
+    ProbeError,
+    interpreter_from_exec_start,
+    is_serving_line,
+    snapshot,
+)
+from supervisor.errors import StateError, SystemdError
+from supervisor.model import JournalEntry, Outcome
+
+if TYPE_CHECKING:
+    from supervisor.config import Config
+    from supervisor.daemon import Daemon
+
+log = structlog.get_logger(__name__)
+
+SNAPSHOT_TIMEOUT_S = 30.0  # resolving the interpreter and probing it, per start
+CRASH_WAIT_S = 10.0  # how long a crash's outcome waits for its own start's snapshot
+MAX_START_AGE_S = 300.0  # an older start (a journal read from its head) is not snapshotted now
+
+Snapshotter = Callable[[Path, Sequence[str]], EnvSnapshot]
+ExecStart = Callable[[str], Awaitable[list[str]]]
+
+
+@dataclass(slots=True)
+class _Start:
+    unit: str
+    invocation_id: str
+    started: float  # epoch seconds of its first entry
+    good: bool = False
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)  # snapshot kept (or given up)
+
+
+@dataclass(frozen=True, slots=True)
+class _Good:
+    unit: str
+    invocation_id: str
+
+
+class DriftRecorder:
+    """The daemon's batch hook and task for environment drift."""
+
+    def __init__(
+        self,
+        config: Config,
+        envlog: EnvironmentLog,
+        *,
+        exec_start: ExecStart | None,
+        snapshotter: Snapshotter = snapshot,
+        clock: Callable[[], float] = time.time,
+        max_start_age_s: float = MAX_START_AGE_S,
+    ) -> None:
+        self.config = config
+        self.envlog = envlog
+        self._exec_start = exec_start
+        self._snapshotter = snapshotter
+        self._clock = clock
+        self._max_age_s = max_start_age_s
+        self._units = frozenset(u.name for u in config.units)
+        self._starts: dict[str, _Start] = {}  # the newest start per unit
+        self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
+
+    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
+        """Note new starts and good starts; the batch passes unchanged."""
+        for entry in batch:
+            if entry.unit in self._units and entry.invocation_id is not None:
+                self._observe(entry.unit, entry.invocation_id, entry)
+        return batch
+
+    def _observe(self, unit: str, invocation_id: str, entry: JournalEntry) -> None:
+        start = self._starts.get(unit)
+        seen = entry.realtime_us / 1e6
+        if start is None or start.invocation_id != invocation_id:
+            start = _Start(unit, invocation_id, seen)
+            self._starts[unit] = start
+            if self._clock() - seen <= self._max_age_s:
+                self._queue.put_nowait(start)
+            else:
+                start.recorded.set()  # too old: today's environment says nothing about it
+        if start.good:
+            return
+        serving = not entry.from_pid1 and is_serving_line(entry.message)
+        if serving or seen - start.started >= self.config.drift.good_start_s:
+            start.good = True
+            self._queue.put_nowait(_Good(unit, invocation_id))
+
+    async def outcome(self, outcome: Outcome) -> Outcome:
+        """Attach the changes since the last good start to a crash's outcome."""
+        inv = outcome.invocation
+        if inv.unit not in self._units or inv.unit is None or inv.invocation_id is None:
+            return outcome
+        start = self._starts.get(inv.unit)
+        if start is not None and start.invocation_id == inv.invocation_id:
+            self._good_if_long(start, inv.started_us, inv.ended_us)
+        if not (inv.failed or outcome.verdict.crashed):
+            return outcome
+        if start is not None and start.invocation_id == inv.invocation_id:
+            try:
+                await asyncio.wait_for(start.recorded.wait(), CRASH_WAIT_S)
+            except TimeoutError:
+                log.warning("drift_snapshot_late", unit=inv.unit, invocation_id=inv.invocation_id)
+        try:
+            changes = self.envlog.changes_since_last_good(inv.unit, inv.invocation_id)
+        except StateError as exc:
+            log.error("drift_read_failed", unit=inv.unit, error=str(exc))
+            return outcome
+        if not changes:
+            return outcome
+        return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
+
+    def _good_if_long(self, start: _Start, started_us: int | None, ended_us: int | None) -> None:
+        if start.good or started_us is None or ended_us is None:
+            return
+        if (ended_us - started_us) / 1e6 >= self.config.drift.good_start_s:
+            start.good = True
+            self._queue.put_nowait(_Good(start.unit, start.invocation_id))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take snapshots and write good marks, in the order they were noted, until `stop`."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                getter = asyncio.ensure_future(self._queue.get())
+                await asyncio.wait({getter, stopping}, return_when="FIRST_COMPLETED")
+                if not getter.done():
+                    getter.cancel()
+                    return
+                item = getter.result()
+                if isinstance(item, _Good):
+                    self._mark_good(item)
+                else:
+                    await self._record(item)
+        finally:
+            stopping.cancel()
+
+    async def _record(self, start: _Start) -> None:
+        try:
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                python = await self._python(start.unit)
+                if python is None:
+                    log.info("drift_no_interpreter", unit=start.unit)
+                    return
+                snap = await asyncio.to_thread(
+                    self._snapshotter, python, self.config.drift.packages
+                )
+            self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
+            log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
+        except (ProbeError, SystemdError, StateError, TimeoutError) as exc:
+            log.warning("drift_snapshot_failed", unit=start.unit, error=str(exc) or "timeout")
+        finally:
+            start.recorded.set()
+
+    async def _python(self, unit: str) -> Path | None:
+        configured = self.config.unit(unit).python
+        if configured is not None:
+            return Path(configured)
+        if self._exec_start is None:
+            return None  # no systemd to ask, and no `python` in the unit's config
+        return interpreter_from_exec_start(await self._exec_start(unit))
+
+    def _mark_good(self, good: _Good) -> None:
+        try:
+            self.envlog.mark_good(good.unit, good.invocation_id)
+        except StateError as exc:
+            log.error("drift_mark_good_failed", unit=good.unit, error=str(exc))
+
+
+def install(
+    daemon: Daemon, envlog: EnvironmentLog, *, exec_start: ExecStart | None
+) -> DriftRecorder:
+    """Add drift recording to `daemon`: its batch hook and its recorder task."""
+    recorder = DriftRecorder(daemon.config, envlog, exec_start=exec_start)
+    daemon.hooks.append(recorder)
+    daemon.extra_tasks.append(recorder.run)
+    return recorder
