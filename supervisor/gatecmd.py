@@ -10,7 +10,7 @@ when a record exists but cannot be read or a directory cannot be searched.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,9 +22,14 @@ EXIT_ALLOW = 0
 EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.service(5))
 
 
-def quarantine_dirs(runtime_dir: Path, state_dir: Path) -> list[Path]:
+DEFAULT_DIRS = (DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR)
+
+
+def quarantine_dirs(
+    runtime_dir: Path, state_dir: Path, defaults: Sequence[Path] = DEFAULT_DIRS
+) -> list[Path]:
     """Every directory a record of the daemon may live in, whatever its settings."""
-    candidates = (runtime_dir, state_dir, DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR)
+    candidates = (runtime_dir, state_dir, *defaults)
     unique: list[Path] = []
     for base in candidates:
         path = base / QUARANTINE_SUBDIR
@@ -33,10 +38,17 @@ def quarantine_dirs(runtime_dir: Path, state_dir: Path) -> list[Path]:
     return unique
 
 
-def gate_main(unit: str, runtime_dir: Path, state_dir: Path, *, out: TextIO | None = None) -> int:
+def gate_main(
+    unit: str,
+    runtime_dir: Path,
+    state_dir: Path,
+    *,
+    out: TextIO | None = None,
+    defaults: Sequence[Path] = DEFAULT_DIRS,
+) -> int:
     """Exit status for ExecCondition: 1 while `unit` is quarantined (or unknowable), else 0."""
     stream = out if out is not None else sys.stderr
-    for directory in quarantine_dirs(runtime_dir, state_dir):
+    for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
         try:
             record = Quarantine(directory).read(unit)
         except OSError as exc:
@@ -54,12 +66,17 @@ def gate_main(unit: str, runtime_dir: Path, state_dir: Path, *, out: TextIO | No
 
 
 def release_main(
-    unit: str, runtime_dir: Path, state_dir: Path, *, out: TextIO | None = None
+    unit: str,
+    runtime_dir: Path,
+    state_dir: Path,
+    *,
+    out: TextIO | None = None,
+    defaults: Sequence[Path] = DEFAULT_DIRS,
 ) -> int:
     """Remove every quarantine record of `unit`; 0 when it is free afterwards."""
     stream = out if out is not None else sys.stdout
     released = 0
-    for directory in quarantine_dirs(runtime_dir, state_dir):
+    for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
         try:
             record = Quarantine(directory).release(unit)
         except OSError as exc:

@@ -1,0 +1,89 @@
+"""`gate` and `release`: the ExecCondition exit codes, their messages, and failing closed."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from supervisor.gatecmd import EXIT_ALLOW, EXIT_QUARANTINED, gate_main, release_main
+from supervisor.quarantine import Quarantine
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    return tmp_path / "run", tmp_path / "state"
+
+
+def gate(unit: str, dirs: tuple[Path, Path]) -> tuple[int, str]:
+    out = io.StringIO()
+    return gate_main(unit, *dirs, out=out, defaults=()), out.getvalue()
+
+
+class TestGate:
+    def test_free_unit_may_start(self, dirs: tuple[Path, Path]) -> None:
+        """With no record anywhere the gate exits 0 and says nothing."""
+        assert gate("vllm.service", dirs) == (EXIT_ALLOW, "")
+
+    @pytest.mark.parametrize("where", [0, 1])  # runtime dir, persistent state dir
+    def test_quarantined_unit_is_refused(self, dirs: tuple[Path, Path], where: int) -> None:
+        """A record in either directory makes the gate exit 1 and explain why."""
+        Quarantine(dirs[where] / "quarantine").write(
+            "vllm.service", {"signature": "flashinfer_cubin_mismatch", "reason": "fatal"}
+        )
+        code, text = gate("vllm.service", dirs)
+        assert code == EXIT_QUARANTINED
+        assert "flashinfer_cubin_mismatch" in text
+        assert "vllm-supervisor release vllm.service" in text
+
+    def test_other_units_are_not_affected(self, dirs: tuple[Path, Path]) -> None:
+        """Only the quarantined unit is refused."""
+        Quarantine(dirs[0] / "quarantine").write("vllm@0.service", {})
+        assert gate("vllm@1.service", dirs)[0] == EXIT_ALLOW
+
+    def test_corrupt_record_fails_closed(self, dirs: tuple[Path, Path]) -> None:
+        """An unreadable record still refuses the start and says it is unreadable."""
+        q = Quarantine(dirs[0] / "quarantine")
+        q.write("vllm.service", {})
+        q.path("vllm.service").write_text("{torn")
+        code, text = gate("vllm.service", dirs)
+        assert code == EXIT_QUARANTINED
+        assert "unreadable" in text
+
+    def test_not_a_directory_fails_closed(self, dirs: tuple[Path, Path]) -> None:
+        """A broken layout (a file where the directory should be) refuses the start."""
+        dirs[0].mkdir()
+        (dirs[0] / "quarantine").write_text("not a directory")
+        code, text = gate("vllm.service", dirs)
+        assert code == EXIT_QUARANTINED
+        assert "cannot read quarantine" in text
+
+
+class TestRelease:
+    def test_release_removes_every_record(self, dirs: tuple[Path, Path]) -> None:
+        """Release clears the unit from both directories and prints what it removed."""
+        for base in dirs:
+            Quarantine(base / "quarantine").write("vllm.service", {"signature": "sig"})
+        out = io.StringIO()
+        assert release_main("vllm.service", *dirs, out=out, defaults=()) == 0
+        text = out.getvalue()
+        assert text.count("released vllm.service") == 2
+        assert "systemctl start vllm.service" in text
+        assert gate("vllm.service", dirs)[0] == EXIT_ALLOW
+
+    def test_release_of_a_free_unit_is_a_no_op(self, dirs: tuple[Path, Path]) -> None:
+        """Releasing a unit that is not quarantined succeeds and says so."""
+        out = io.StringIO()
+        assert release_main("vllm.service", *dirs, out=out, defaults=()) == 0
+        assert "not quarantined" in out.getvalue()
+
+    def test_release_clears_a_corrupt_record(self, dirs: tuple[Path, Path]) -> None:
+        """A corrupt record can be released like any other."""
+        q = Quarantine(dirs[0] / "quarantine")
+        q.write("vllm.service", {})
+        q.path("vllm.service").write_text("")
+        out = io.StringIO()
+        assert release_main("vllm.service", *dirs, out=out, defaults=()) == 0
+        assert "unreadable" in out.getvalue()
+        assert not q.is_quarantined("vllm.service")

@@ -1,0 +1,311 @@
+"""D-Bus failures map to bounded SystemdError reasons, proven against a real dbus-daemon.
+
+A private dbus-daemon runs on a socket in a temp dir, with a policy that denies RestartUnit; a
+fake systemd (a dbus-fast service owning org.freedesktop.systemd1) answers the rest. This file
+has no `from __future__ import annotations`: dbus-fast reads the D-Bus signatures from the
+method annotations at class creation.
+"""
+
+# ruff: noqa: F821 - the string annotations are D-Bus signatures, not Python names.
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from dbus_fast import DBusError
+from dbus_fast.aio import MessageBus
+from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
+
+from supervisor.errors import SystemdError
+from supervisor.halt import Halter
+from supervisor.model import Action, Decision, Invocation, Outcome, Severity, Verdict
+from supervisor.quarantine import Quarantine
+from supervisor.systemd import SystemdClient, UnitState
+
+BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+    <deny send_destination="org.freedesktop.systemd1"
+          send_interface="org.freedesktop.systemd1.Manager" send_member="RestartUnit"/>
+  </policy>
+</busconfig>
+"""
+
+UNIT_PATH = "/org/freedesktop/systemd1/unit/vllm_2eservice"
+
+
+class FakeManager(ServiceInterface):
+    """The parts of org.freedesktop.systemd1.Manager the client calls."""
+
+    def __init__(self) -> None:
+        super().__init__("org.freedesktop.systemd1.Manager")
+        self.stops: list[str] = []
+        self.hang = asyncio.Event()
+
+    @method()
+    def LoadUnit(self, name: "s") -> "o":
+        if name == "missing.service":
+            raise DBusError("org.freedesktop.systemd1.NoSuchUnit", f"Unit {name} not found.")
+        return UNIT_PATH
+
+    @method()
+    async def StopUnit(self, name: "s", mode: "s") -> "o":
+        if name == "hang.service":
+            await self.hang.wait()
+        self.stops.append(name)
+        return "/org/freedesktop/systemd1/job/42"
+
+    @method()
+    def RestartUnit(self, name: "s", mode: "s") -> "o":
+        return "/org/freedesktop/systemd1/job/43"
+
+
+class FakeUnit(ServiceInterface):
+    """org.freedesktop.systemd1.Unit properties."""
+
+    def __init__(self) -> None:
+        super().__init__("org.freedesktop.systemd1.Unit")
+        self.active = "activating"
+        self.sub = "auto-restart"
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ActiveState(self) -> "s":
+        return self.active
+
+    @dbus_property(access=PropertyAccess.READ)
+    def SubState(self) -> "s":
+        return self.sub
+
+    @dbus_property(access=PropertyAccess.READ)
+    def LoadState(self) -> "s":
+        return "loaded"
+
+    @dbus_property(access=PropertyAccess.READ)
+    def InvocationID(self) -> "ay":
+        return bytes.fromhex("0123456789abcdef0123456789abcdef")
+
+
+class FakeService(ServiceInterface):
+    """org.freedesktop.systemd1.Service properties."""
+
+    def __init__(self) -> None:
+        super().__init__("org.freedesktop.systemd1.Service")
+
+    @dbus_property(access=PropertyAccess.READ)
+    def NRestarts(self) -> "u":
+        return 3
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Result(self) -> "s":
+        return "exit-code"
+
+    @dbus_property(access=PropertyAccess.READ)
+    def MainPID(self) -> "u":
+        return 0
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ExecStart(self) -> "a(sasbttttuii)":
+        return [["/opt/vllm/bin/vllm", ["vllm", "serve", "m"], False, 0, 0, 0, 0, 0, 0, 0]]
+
+
+@pytest.fixture
+def bus_address(tmp_path: Path) -> Iterator[str]:
+    """A private dbus-daemon on a socket in a temp dir, stopped after the test."""
+    daemon = shutil.which("dbus-daemon")
+    assert daemon, "dbus-daemon is missing: install the Debian package dbus-daemon"
+    socket = tmp_path / "bus"
+    config = tmp_path / "bus.conf"
+    config.write_text(BUS_CONFIG.format(socket=socket))
+    proc = subprocess.Popen(
+        [daemon, f"--config-file={config}", "--nofork", "--print-address"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()  # printed once the socket listens
+        assert address.startswith("unix:"), f"dbus-daemon did not start: {address!r}"
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+async def fake_systemd(bus_address: str) -> AsyncIterator[tuple[FakeManager, FakeUnit]]:
+    """A fake systemd owning org.freedesktop.systemd1 on the private bus."""
+    bus = await MessageBus(bus_address=bus_address).connect()
+    manager, unit = FakeManager(), FakeUnit()
+    bus.export("/org/freedesktop/systemd1", manager)
+    bus.export(UNIT_PATH, unit)
+    bus.export(UNIT_PATH, FakeService())
+    await bus.request_name("org.freedesktop.systemd1")
+    yield manager, unit
+    manager.hang.set()
+    bus.disconnect()
+
+
+@pytest.fixture
+async def client(bus_address: str) -> AsyncIterator[SystemdClient]:
+    c = SystemdClient(bus_address=bus_address, timeout_s=0.5)
+    yield c
+    await c.close()
+
+
+async def expect(reason: str, retryable: bool, call: object) -> SystemdError:
+    with pytest.raises(SystemdError) as info:
+        await call  # type: ignore[misc]
+    assert info.value.reason == reason
+    assert info.value.retryable is retryable
+    assert info.value.__cause__ is not None
+    return info.value
+
+
+class TestErrorMapping:
+    async def test_missing_socket_is_bus_unavailable(self, tmp_path: Path) -> None:
+        """A bus socket that does not exist is a retryable bus_unavailable."""
+        c = SystemdClient(bus_address=f"unix:path={tmp_path}/nope", timeout_s=0.5)
+        await expect("bus_unavailable", True, c.stop_unit("vllm.service"))
+
+    async def test_no_systemd_on_the_bus_is_bus_unavailable(self, client: SystemdClient) -> None:
+        """A bus without org.freedesktop.systemd1 (ServiceUnknown) is bus_unavailable."""
+        await expect("bus_unavailable", True, client.stop_unit("vllm.service"))
+
+    async def test_policy_denial_is_access_denied(
+        self, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """A call the bus policy forbids is a permanent access_denied."""
+        await expect("access_denied", False, client.restart_unit("vllm.service"))
+
+    async def test_unknown_unit_is_no_such_unit(
+        self, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """systemd's NoSuchUnit is a permanent no_such_unit."""
+        err = await expect("no_such_unit", False, client.unit_state("missing.service"))
+        assert "missing.service" in str(err)
+
+    async def test_no_answer_is_timeout(
+        self, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """A call that gets no answer within timeout_s is a retryable timeout."""
+        await expect("timeout", True, client.stop_unit("hang.service"))
+
+
+class TestCalls:
+    async def test_unit_state_reads_unit_and_service_properties(
+        self, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """unit_state combines the Unit and Service properties into one snapshot."""
+        state = await client.unit_state("vllm.service")
+        assert state == UnitState(
+            active_state="activating",
+            sub_state="auto-restart",
+            n_restarts=3,
+            result="exit-code",
+            invocation_id="0123456789abcdef0123456789abcdef",
+            main_pid=0,
+        )
+        assert await client.exec_start("vllm.service") == ["vllm", "serve", "m"]
+
+    async def test_stop_unit_returns_the_job(
+        self, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """StopUnit answers with the job path."""
+        assert await client.stop_unit("vllm.service") == "/org/freedesktop/systemd1/job/42"
+        assert fake_systemd[0].stops == ["vllm.service"]
+
+
+def outcome(unit: str | None = "vllm.service") -> Outcome:
+    return Outcome(
+        invocation=Invocation(unit=unit, invocation_id="abc", lines=(), exit_status=1),
+        verdict=Verdict(
+            signature="flashinfer_cubin_mismatch",
+            severity=Severity.FATAL,
+            title="flashinfer mismatch",
+            root_cause="RuntimeError: flashinfer-cubin version (0.6.3) does not match",
+        ),
+        decision=Decision(action=Action.HALT, reason="known fatal crash"),
+    )
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+class TestHalter:
+    async def test_halt_quarantines_then_stops(
+        self,
+        tmp_path: Path,
+        client: SystemdClient,
+        fake_systemd: tuple[FakeManager, FakeUnit],
+    ) -> None:
+        """A unit waiting to restart is quarantined and stopped."""
+        q = Quarantine(tmp_path / "q")
+        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=False)
+        assert result.stopped
+        assert result.error is None
+        assert result.stop_job == "/org/freedesktop/systemd1/job/42"
+        record = q.read("vllm.service")
+        assert record is not None
+        assert record["signature"] == "flashinfer_cubin_mismatch"
+        assert record["invocation_id"] == "abc"
+
+    async def test_halt_of_an_inactive_unit_does_not_stop(
+        self,
+        tmp_path: Path,
+        client: SystemdClient,
+        fake_systemd: tuple[FakeManager, FakeUnit],
+    ) -> None:
+        """A unit already down is only quarantined (idempotent halt)."""
+        fake_systemd[1].active, fake_systemd[1].sub = "failed", "failed"
+        q = Quarantine(tmp_path / "q")
+        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=False)
+        assert result.stopped
+        assert result.stop_job is None
+        assert fake_systemd[0].stops == []
+
+    async def test_dry_run_changes_nothing(
+        self,
+        tmp_path: Path,
+        client: SystemdClient,
+        fake_systemd: tuple[FakeManager, FakeUnit],
+    ) -> None:
+        """A dry run writes no record, stops nothing and says what it would have done."""
+        q = Quarantine(tmp_path / "q")
+        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=True)
+        assert result.dry_run
+        assert not result.stopped
+        assert result.quarantined is None
+        assert "would quarantine vllm.service" in result.detail
+        assert q.list() == {}
+        assert fake_systemd[0].stops == []
+
+    async def test_unreachable_bus_still_quarantines(self, tmp_path: Path) -> None:
+        """Without a bus the record is written and the error is reported after retries."""
+        q = Quarantine(tmp_path / "q")
+        dead = SystemdClient(bus_address=f"unix:path={tmp_path}/nope", timeout_s=0.5)
+        halter = Halter(q, dead, attempts=3, timeout_s=1, sleep=no_sleep)
+        result = await halter.halt(outcome(), dry_run=False)
+        assert not result.stopped
+        assert result.quarantined == q.path("vllm.service")
+        assert result.error is not None
+        assert result.error.reason == "bus_unavailable"
+        assert "after 3 attempt(s)" in str(result.error)
+
+    async def test_permanent_error_is_not_retried(
+        self, tmp_path: Path, client: SystemdClient, fake_systemd: tuple[FakeManager, FakeUnit]
+    ) -> None:
+        """access_denied fails on the first attempt (restart is denied by the bus policy)."""
+        halter = Halter(Quarantine(tmp_path / "q"), client, attempts=5, timeout_s=1)
+        with pytest.raises(SystemdError, match=r"after 1 attempt\(s\)"):
+            await halter.restart("vllm.service")
