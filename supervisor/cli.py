@@ -149,7 +149,9 @@ def resolve_config(args: argparse.Namespace) -> Config:
         metrics=metrics,
         dry_run=config.dry_run or bool(getattr(args, "dry_run", False)),
     )
-    return with_units(config, getattr(args, "unit", []) or [])
+    # `run --unit` adds units; for gate/release/preflight `unit` is the one unit they act on.
+    extra = args.unit if isinstance(getattr(args, "unit", None), list) else []
+    return with_units(config, extra)
 
 
 def _from_env(variable: str, configured: Path, default: Path) -> Path:

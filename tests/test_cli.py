@@ -1,0 +1,53 @@
+"""The command line as an operator runs it: exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from supervisor.quarantine import Quarantine
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisor", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_gate_and_release_through_the_cli(tmp_path: Path) -> None:
+    """gate exits 1 while quarantined, release lifts it, then gate exits 0."""
+    dirs = ["--runtime-dir", str(tmp_path / "run"), "--state-dir", str(tmp_path / "state")]
+    Quarantine(tmp_path / "run" / "quarantine").write(
+        "vllm.service", {"signature": "flashinfer_cubin_mismatch", "reason": "test"}
+    )
+    assert _cli("gate", "vllm.service", *dirs).returncode == 1
+    released = _cli("release", "vllm.service", *dirs)
+    assert released.returncode == 0, released.stderr
+    assert "flashinfer_cubin_mismatch" in released.stdout + released.stderr
+    assert _cli("gate", "vllm.service", *dirs).returncode == 0
+
+
+def test_bad_config_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """An unknown key stops check-config with exit 2 and one line naming the key."""
+    path = tmp_path / "bad.toml"
+    path.write_text("[journal]\nstartat = 'tail'\n")
+    result = _cli("check-config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "journal.startat: unknown key" in result.stderr
+
+
+def test_run_without_a_unit_says_how_to_give_one() -> None:
+    """run with nothing to supervise exits 2 and names the flag."""
+    result = _cli("run", "--state-dir", "/nonexistent/x", "--runtime-dir", "/nonexistent/y")
+    assert result.returncode == 2
+    assert "--unit" in result.stderr
+
+
+def test_shipped_config_checks() -> None:
+    """The shipped config and signature table validate."""
+    config = Path(__file__).resolve().parents[1] / "config" / "supervisor.toml"
+    result = _cli("check-config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "signatures" in result.stdout
