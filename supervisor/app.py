@@ -16,6 +16,7 @@ from supervisor import drift, hang
 from supervisor.config import Config, parse_listen, resolve_webhook
 from supervisor.daemon import Daemon
 from supervisor.environment import EnvironmentLog
+from supervisor.errors import ConfigError, SupervisorError
 from supervisor.gatecmd import QUARANTINE_SUBDIR
 from supervisor.halt import Halter
 from supervisor.httpserver import MetricsServer, combine_health
@@ -32,8 +33,19 @@ log = structlog.get_logger(__name__)
 
 
 def load_table(config: Config) -> SignatureTable:
-    """The signature table the config names (the shipped one by default)."""
-    return load_signature_table(list(config.signatures.paths) or None)
+    """The signature table the config names (the shipped one by default).
+
+    Every unit's `signature_sets` is checked here, at load, so a typo stops the daemon with
+    one line instead of failing at the first crash it classifies.
+    """
+    table = load_signature_table(list(config.signatures.paths) or None)
+    for index, unit in enumerate(config.units):
+        if unit.signature_sets:
+            try:
+                table.subset(unit.signature_sets)
+            except SupervisorError as exc:
+                raise ConfigError(f"unit[{index}].signature_sets: {exc}") from exc
+    return table
 
 
 def quarantine_dir(config: Config) -> Path:

@@ -51,3 +51,12 @@ def test_shipped_config_checks() -> None:
     result = _cli("check-config", str(config))
     assert result.returncode == 0, result.stderr
     assert "signatures" in result.stdout
+
+
+def test_unknown_signature_set_is_caught_at_load(tmp_path: Path) -> None:
+    """A unit naming a signature set that does not exist fails check-config, not a later crash."""
+    path = tmp_path / "sets.toml"
+    path.write_text("[[unit]]\nname = 'vllm.service'\nsignature_sets = ['vllm', 'nope']\n")
+    result = _cli("check-config", str(path))
+    assert result.returncode == 2
+    assert "unit[0].signature_sets" in result.stderr
