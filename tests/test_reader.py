@@ -37,7 +37,13 @@ class TestCommandLine:
         argv = journalctl_argv(ReaderSettings(units=(UNIT,)), "s=1;i=2")
         assert "--cursor=s=1;i=2" in argv
         assert not any(a.startswith("--after-cursor") for a in argv)
-        assert f"--unit={UNIT}" in argv
+
+    def test_units_are_matched_in_python_when_following(self) -> None:
+        """--unit --follow on systemd 252 misses units with no entry yet: match in Python."""
+        follow = journalctl_argv(ReaderSettings(units=(UNIT,)), None)
+        once = journalctl_argv(ReaderSettings(units=(UNIT,), follow=False), None)
+        assert f"--unit={UNIT}" not in follow
+        assert f"--unit={UNIT}" in once
 
     @pytest.mark.parametrize(("start", "flag"), [("tail", "--lines=0"), ("head", "--no-tail")])
     def test_start_position_without_cursor(self, start: str, flag: str) -> None:
@@ -106,6 +112,23 @@ class TestRealJournal:
         expected = _lines("early", 300) + _lines("middle", 300) + _lines("late", 300)
         assert got == expected
         assert more == _lines("after", 50)
+
+    async def test_follows_a_unit_that_had_not_logged_yet(
+        self, journal_dir: Path, writer: JournalWriter
+    ) -> None:
+        """Entries of a unit that first logs after the reader started arrive; others do not."""
+        writer.write(service_lines("other.service", "d" * 32, _lines("other", 5)))
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+        )
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        task = asyncio.create_task(_collect(reader, asyncio.Event(), 3, got))
+        await asyncio.wait_for(reader.following.wait(), 20)
+        writer.write(service_lines(UNIT, "e" * 32, _lines("ours", 3)))
+        writer.write(service_lines("other.service", "d" * 32, _lines("other-late", 2)))
+        await _until(task.done, writer)
+        assert got == _lines("ours", 3)
 
     async def test_unparsable_cursor_falls_back_instead_of_crash_looping(
         self, journal_dir: Path, writer: JournalWriter
