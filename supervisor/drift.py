@@ -85,6 +85,7 @@ class DriftRecorder:
         self._units = frozenset(u.name for u in config.units)
         self._starts: dict[str, _Start] = {}  # the newest start per unit
         self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
+        self._stopped = False  # the recorder task has ended: nothing queued will be recorded
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         """Note new starts and good starts; the batch passes unchanged."""
@@ -99,7 +100,7 @@ class DriftRecorder:
         if start is None or start.invocation_id != invocation_id:
             start = _Start(unit, invocation_id, seen)
             self._starts[unit] = start
-            if self._clock() - seen <= self._max_age_s:
+            if not self._stopped and self._clock() - seen <= self._max_age_s:
                 self._queue.put_nowait(start)
             else:
                 start.recorded.set()  # too old: today's environment says nothing about it
@@ -158,6 +159,15 @@ class DriftRecorder:
                     await self._record(item)
         finally:
             stopping.cancel()
+            self._release_pending()
+
+    def _release_pending(self) -> None:
+        """No snapshot is taken after stop: a crash must not wait CRASH_WAIT_S for one then."""
+        self._stopped = True
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, _Start):
+                item.recorded.set()
 
     async def _record(self, start: _Start) -> None:
         try:
