@@ -1,0 +1,53 @@
+"""Fixtures of the fault-injection tests: a loopback Slack, supervisor children, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from slack_server import SlackServer
+
+from faults.harness import Supervisor, comm, write_config
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the soak marker here (the shared pyproject is not ours to edit)."""
+    config.addinivalue_line("markers", "soak: compressed soak test (minutes, not seconds)")
+
+
+@pytest.fixture(name="slack")
+def _slack() -> Iterator[SlackServer]:
+    server = SlackServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(name="supervisors")
+def _supervisors() -> Iterator[list[Supervisor]]:
+    started: list[Supervisor] = []
+    yield started
+    for sup in started:
+        sup.stop_quietly()
+        for pid in sup.orphans:
+            # journalctl children of a SIGKILLed supervisor outlive it; they are ours to end.
+            if comm(pid) == "journalctl":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+SupervisorFactory = Callable[..., Supervisor]
+
+
+@pytest.fixture(name="make_supervisor")
+def _make_supervisor(tmp_path: Path, supervisors: list[Supervisor]) -> SupervisorFactory:
+    def make(*, slack_url: str | None = None, extra: str = "") -> Supervisor:
+        sup = Supervisor(tmp_path, write_config(tmp_path, slack_url=slack_url, extra=extra))
+        supervisors.append(sup)
+        return sup
+
+    return make
