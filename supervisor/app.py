@@ -59,7 +59,9 @@ def quarantine_dir(config: Config) -> Path:
 async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event) -> None:
     """Build every component, run the daemon until `stop`, and close everything in bounds."""
     table = load_table(config)
-    store = Store.in_directory(config.state.state_dir)
+    store, corrupt = Store.recover_in_directory(config.state.state_dir)
+    if corrupt is not None:
+        log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")
     metrics = Metrics()
     systemd = SystemdClient(timeout_s=config.systemd.stop_timeout_s)
     if config.systemd.enabled:

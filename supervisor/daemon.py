@@ -145,6 +145,7 @@ class Daemon:
             journalctl=journal.journalctl,
             follow=True,
             start_at=start,
+            on_bad_cursor=self.config.state.on_bad_cursor,
             backoff_s=journal.restart_backoff_s,
             backoff_max_s=journal.restart_backoff_max_s,
             max_line_chars=self.config.tracker.max_line_chars,

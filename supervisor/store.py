@@ -12,7 +12,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,6 +75,28 @@ class Store:
     def in_directory(cls, state_dir: Path) -> Store:
         """Open (or create) the database in `state_dir`."""
         return cls(state_dir / DATABASE_NAME)
+
+    @classmethod
+    def recover_in_directory(
+        cls, state_dir: Path, *, now: Callable[[], float] = time.time
+    ) -> tuple[Store, Path | None]:
+        """Open the database; a corrupt one is moved aside (`….corrupt-<time>`) for a fresh one.
+
+        Refusing to start on a corrupt file would make systemd restart the daemon into the same
+        failure forever; the old file is kept for inspection. Returns where it went, or None.
+        """
+        path = state_dir / DATABASE_NAME
+        try:
+            return cls(path), None
+        except StateError as exc:
+            code = getattr(exc.__cause__, "sqlite_errorcode", None)
+            if code not in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+                raise
+        aside = path.with_name(f"{path.name}.corrupt-{int(now())}")
+        for suffix in ("", "-wal", "-shm"):
+            with suppress(FileNotFoundError):
+                Path(f"{path}{suffix}").replace(f"{aside}{suffix}")
+        return cls(path), aside
 
     def close(self) -> None:
         """Close the connection."""

@@ -43,6 +43,7 @@ class ReaderSettings:
     journalctl: str = "journalctl"
     follow: bool = True
     start_at: str = "tail"  # with no cursor: "head" or "tail"
+    on_bad_cursor: str | None = None  # after journalctl refused the cursor; None: start_at
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
     max_line_chars: int = 16384
@@ -195,8 +196,16 @@ class JournalctlReader:
         if any("cursor" in line.lower() for line in errors) and self.cursor is not None:
             # A cursor of another journal (or a corrupt one) is refused by journalctl outright;
             # following from where the caller's policy says beats a crash loop of our own.
-            log.warning("journal_cursor_rejected", cursor=self.cursor, error=message)
+            log.warning(
+                "journal_cursor_rejected",
+                cursor=self.cursor,
+                error=message,
+                resume_at=self.settings.on_bad_cursor,
+            )
             self.cursor = None
+            if self.settings.on_bad_cursor is not None:
+                start_at = self.settings.on_bad_cursor
+                self.settings = dataclasses.replace(self.settings, start_at=start_at)
         if not self.settings.follow:
             raise JournalError(f"journalctl failed: {message}")
 
