@@ -45,8 +45,9 @@ SupervisorFactory = Callable[..., Supervisor]
 
 @pytest.fixture(name="make_supervisor")
 def _make_supervisor(tmp_path: Path, supervisors: list[Supervisor]) -> SupervisorFactory:
-    def make(*, slack_url: str | None = None, extra: str = "") -> Supervisor:
-        sup = Supervisor(tmp_path, write_config(tmp_path, slack_url=slack_url, extra=extra))
+    def make(*, slack_url: str | None = None, extra: str = "", state: str = "") -> Supervisor:
+        config = write_config(tmp_path, slack_url=slack_url, extra=extra, state=state)
+        sup = Supervisor(tmp_path, config)
         supervisors.append(sup)
         return sup
 

@@ -29,7 +29,9 @@ NCCL_TIMEOUT = [
 ]
 
 
-def write_config(root: Path, *, slack_url: str | None = None, extra: str = "") -> Path:
+def write_config(
+    root: Path, *, slack_url: str | None = None, extra: str = "", state: str = ""
+) -> Path:
     """A config for a supervisor following `root/journal` with private state and no systemd."""
     slack = ""
     if slack_url is not None:
@@ -42,6 +44,7 @@ def write_config(root: Path, *, slack_url: str | None = None, extra: str = "") -
         f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\n'
         "restart_backoff_s = 0.1\nrestart_backoff_max_s = 0.5\n"
         f'[state]\nstate_dir = "{root / "state"}"\nruntime_dir = "{root / "run"}"\n'
+        f"{state}"
         '[metrics]\nlisten = "127.0.0.1:0"\n'
         f"{slack}{extra}"
         '[[unit]]\nname = "vllm.service"\n'
