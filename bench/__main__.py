@@ -23,7 +23,7 @@ from bench.ingest import MODES
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 LABELS = {
     "supervisor": "supervisor ingest (journalctl -o export + Pipeline)",
-    "json": "baseline: journalctl -o json | json.loads",
+    "json": "baseline: journalctl -o json \\| json.loads",
     "export": "ceiling: journalctl -o export > /dev/null",
     "export_fields": "ceiling: same, with our --output-fields",
 }
