@@ -214,6 +214,12 @@ class Daemon:
     def _skip_replayed(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         if self._replay_until is None:
             return batch
+        if self.reader.cursor_rejected:
+            # The saved cursor cannot be found (another journal, corrupt): there is nothing to
+            # replay up to, and waiting for it would drop every batch from now on.
+            log.warning("replay_abandoned", cursor=self._replay_until)
+            self._replay_until = None
+            return batch
         for index, entry in enumerate(batch):
             self.pipeline.tracker.feed(entry)
             if entry.cursor == self._replay_until or _after(entry.cursor, self._replay_until):

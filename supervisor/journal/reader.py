@@ -99,6 +99,7 @@ class JournalctlReader:
         self._inclusive = inclusive
         self.following = asyncio.Event()  # set while a journalctl child runs
         self.restarts = 0
+        self.cursor_rejected = False  # journalctl refused the saved cursor at least once
         self._on_restart = on_restart or (lambda reason: None)
         self._on_invalid = on_invalid or (lambda count: None)
         self._process: asyncio.subprocess.Process | None = None
@@ -203,6 +204,7 @@ class JournalctlReader:
                 resume_at=self.settings.on_bad_cursor,
             )
             self.cursor = None
+            self.cursor_rejected = True
             if self.settings.on_bad_cursor is not None:
                 start_at = self.settings.on_bad_cursor
                 self.settings = dataclasses.replace(self.settings, start_at=start_at)
