@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from collections.abc import Callable
@@ -129,6 +130,27 @@ class TestRealJournal:
         writer.write(service_lines("other.service", "d" * 32, _lines("other-late", 2)))
         await _until(task.done, writer)
         assert got == _lines("ours", 3)
+
+    async def test_tail_start_is_pinned_before_following_is_announced(
+        self, journal_dir: Path, writer: JournalWriter
+    ) -> None:
+        """Starting at the tail skips the past, and nothing written after `following` is lost."""
+        writer.write(service_lines(UNIT, "f" * 32, _lines("past", 4)))
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), start_at="tail")
+        once = dataclasses.replace(settings, follow=False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        # The past must be on disk before the reader starts, or it would not be "the past".
+        while [e.message async for b in read_all(once) for e in b] != _lines("past", 4):
+            assert loop.time() < deadline, "journal-remote never wrote the first entries"
+            await asyncio.sleep(0.05)
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        task = asyncio.create_task(_collect(reader, asyncio.Event(), 2, got))
+        await asyncio.wait_for(reader.following.wait(), 20)
+        writer.write(service_lines(UNIT, "f" * 32, _lines("new", 2)))
+        await _until(task.done, writer)
+        assert got == _lines("new", 2)
 
     async def test_unparsable_cursor_falls_back_instead_of_crash_looping(
         self, journal_dir: Path, writer: JournalWriter

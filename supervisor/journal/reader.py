@@ -99,7 +99,8 @@ class JournalctlReader:
         self._inclusive = inclusive
         self.following = asyncio.Event()  # set while a journalctl child runs
         self.restarts = 0
-        self.cursor_rejected = False  # journalctl refused the saved cursor at least once
+        self.cursor_rejected = False
+        self._argv: list[str] = []  # journalctl refused the saved cursor at least once
         self._on_restart = on_restart or (lambda reason: None)
         self._on_invalid = on_invalid or (lambda count: None)
         self._process: asyncio.subprocess.Process | None = None
@@ -126,7 +127,10 @@ class JournalctlReader:
             backoff = min(backoff * 2, self.settings.backoff_max_s)
 
     async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
+        if self.cursor is None and self.settings.follow and self.settings.start_at == "tail":
+            await self._pin_tail()
         argv = journalctl_argv(self.settings, self.cursor)
+        self._argv = argv
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -189,11 +193,40 @@ class JournalctlReader:
         finally:
             stop_wait.cancel()
 
+    async def _pin_tail(self) -> None:
+        """Fix "the tail" now, as a cursor, before announcing that the journal is followed.
+
+        `journalctl --follow --lines=0` finds the tail only once it has started, which can be
+        long after the daemon said it was ready (a slow, sandboxed start): anything written in
+        between was lost. Reading the last entry's cursor first makes the start point exact.
+        An empty journal has no tail: then everything that arrives is new (`--no-tail`).
+        """
+        argv = [*journalctl_argv(dataclasses.replace(self.settings, follow=False), None)]
+        argv = [a for a in argv if not a.startswith("--unit=")] + ["--lines=1"]
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), TERMINATE_TIMEOUT_S * 6)
+        except TimeoutError:
+            await terminate(process)
+            return
+        entries = ExportParser().feed(output)
+        cursor = entries[-1].get(b"__CURSOR") if entries else None
+        if cursor is not None:
+            self.cursor = cursor.decode("ascii", "replace")
+        else:
+            self.settings = dataclasses.replace(self.settings, start_at="head")
+        log.info("journal_tail_pinned", cursor=self.cursor)
+
     async def _after_exit(self, returncode: int | None, errors: list[str]) -> None:
         if returncode in (0, None, -signal.SIGTERM):
             return
         message = "; ".join(errors[-3:]) or f"exit status {returncode}"
-        log.warning("journalctl_failed", returncode=returncode, error=message)
+        log.warning("journalctl_failed", returncode=returncode, error=message, argv=self._argv)
         if any("cursor" in line.lower() for line in errors) and self.cursor is not None:
             # A cursor of another journal (or a corrupt one) is refused by journalctl outright;
             # following from where the caller's policy says beats a crash loop of our own.
