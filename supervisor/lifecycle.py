@@ -166,6 +166,10 @@ class InvocationTracker:
             # A new start although the end of the last one was never seen (lost or not logged).
             ended.append(self._close(unit))
             current = None
+        if current is not None and current.invocation_id is None and entry.invocation_id:
+            # journald reads the id from the cgroup and can miss it on a line printed as a
+            # process exits; the invocation is still the same one, now named.
+            current.invocation_id = entry.invocation_id
         if entry.from_pid1 or _is_unit_event(entry):
             ended += self._lifecycle(entry, current)
             return ended

@@ -169,3 +169,12 @@ class TestReplay:
         assert tracker.replay_from() == first.cursor
         feed_all(tracker, [event(LifecycleEvent.UNIT_FAILED, inv="Z")])
         assert tracker.replay_from() is None
+
+
+def test_a_line_without_invocation_id_does_not_anonymise_the_invocation() -> None:
+    """An invocation whose first line lacks the id takes it from the next entry that has it."""
+    first = JournalEntry(cursor="x0", realtime_us=0, message="banner", unit=UNIT, pid=3)
+    ended = feed_all(
+        InvocationTracker(), [first, line("b", inv="Q"), event(LifecycleEvent.UNIT_FAILED, inv="Q")]
+    )
+    assert [(i.invocation_id, len(i.lines)) for i in ended] == [("Q", 2)]
