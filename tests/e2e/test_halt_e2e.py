@@ -167,12 +167,13 @@ def unit_lines(box: Container) -> list[dict[str, str]]:
 
 
 def invocations_that_ran(box: Container) -> set[str]:
-    """Invocation ids of the served unit that ran ExecStart (printed the server banner)."""
-    # The gate's own output also carries the unit and its invocation id, so look at the text.
-    # journald may miss the invocation id of a line printed while the process exits (it is
-    # read from the cgroup, which is gone by then); such a line still names its stream.
+    """One key per run of the served unit's ExecStart: the process that printed its banner.
+
+    Keyed by _PID, not by invocation id: journald reads the id from the cgroup and can miss
+    it on a line printed as the process exits, and a start the gate skips prints nothing.
+    """
     return {
-        e.get("_SYSTEMD_INVOCATION_ID") or e.get("_STREAM_ID", "?")
+        str(e.get("_PID"))
         for e in unit_lines(box)
         if e.get("_SYSTEMD_UNIT") == UNIT and SERVER_BANNER in str(e.get("MESSAGE"))
     }
