@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import signal
+import sys
+import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +130,7 @@ class JournalctlReader:
             backoff = min(backoff * 2, self.settings.backoff_max_s)
 
     async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
+        use_pidfd_child_watcher()
         if self.cursor is None and self.settings.follow and self.settings.start_at == "tail":
             await self._pin_tail()
         argv = journalctl_argv(self.settings, self.cursor)
@@ -248,6 +252,27 @@ class JournalctlReader:
         """Stop the child if one runs."""
         if self._process is not None:
             await terminate(self._process)
+
+
+def use_pidfd_child_watcher() -> None:
+    """Reap our children through pidfds (the default from Python 3.12 on).
+
+    Python 3.11's default ThreadedChildWatcher sometimes loses a fast-exiting child and reports
+    "Unknown child process pid N, will report returncode 255" (seen here: 2 of 30 runs of
+    `triage` on a journal directory), which made a clean journalctl exit look like a failure.
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    policy = asyncio.get_event_loop_policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        loop = asyncio.get_running_loop()
+        watcher = policy.get_child_watcher()
+        if not isinstance(watcher, asyncio.PidfdChildWatcher):
+            watcher = asyncio.PidfdChildWatcher()
+            policy.set_child_watcher(watcher)
+        if getattr(watcher, "_loop", None) is not loop:  # a new loop (asyncio.run, tests)
+            watcher.attach_loop(loop)
 
 
 def _about(fields: Fields, units: frozenset[bytes]) -> bool:
