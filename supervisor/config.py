@@ -84,6 +84,7 @@ class TrackerConfig:
     max_error_lines: int = 2000  # error-level lines and tracebacks kept in between
     max_line_chars: int = 16384  # a longer line is cut to this many characters
     max_open_invocations: int = 16  # per unit; the oldest open one is closed past this
+    settle_s: float = 0.3  # after a unit ends, how long its late stdout lines are still awaited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

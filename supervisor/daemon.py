@@ -113,6 +113,7 @@ class Daemon:
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
+        self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
             config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
@@ -158,6 +159,7 @@ class Daemon:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._watch_reload(stop, reload))
             tasks.create_task(self._announce_ready(stop))
+            tasks.create_task(self._settle(stop))
             if self.notifier is not None:
                 tasks.create_task(self.notifier.run(stop))
             for extra in self.extra_tasks:
@@ -195,7 +197,30 @@ class Daemon:
         self._commit(outcomes)
         if outcomes and self.notifier is not None:
             self.notifier.wake()
+        if self.pipeline.tracker.next_deadline_us() is not None:
+            self._ending.set()
         return outcomes
+
+    async def _settle(self, stop: asyncio.Event) -> None:
+        """Decide ended invocations once their late-line window has passed.
+
+        A later entry decides them too (see InvocationTracker.feed); this covers the quiet
+        journal after a crash, where no later entry comes.
+        """
+        while not stop.is_set():
+            deadline = self.pipeline.tracker.next_deadline_us()
+            if deadline is None:
+                self._ending.clear()
+                await _first(self._ending.wait(), stop.wait())
+                continue
+            delay = deadline / 1e6 - time.time()
+            if delay > 0:
+                await _first(asyncio.sleep(delay), stop.wait())
+                continue
+            async with self.lock:
+                outcomes = self.pipeline.flush_due(int(time.time() * 1e6))
+                if outcomes:
+                    await self.handle_outcomes(outcomes)
 
     async def handle_outcomes(self, outcomes: list[Outcome]) -> None:
         """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`."""
@@ -355,3 +380,13 @@ def _realtime(cursor: str) -> int | None:
             with contextlib.suppress(ValueError):
                 return int(part[2:], 16)
     return None
+
+
+async def _first(*waits: Coroutine[object, object, object]) -> None:
+    """Wait until the first of `waits` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()

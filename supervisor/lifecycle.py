@@ -77,6 +77,7 @@ class _Builder:
     result: str | None = None
     oom_killed: bool = False
     skipped: bool = False
+    settle_deadline_us: int | None = None  # set once ended: late lines are still taken until then
     last_cursor: str | None = None
     ended_us: int | None = None
     _after_frame: set[int | None] = field(default_factory=set)
@@ -151,12 +152,26 @@ class InvocationTracker:
         self._open: dict[str | None, _Builder] = {}  # by unit: one running invocation each
         self._restarts: dict[str | None, int] = {}
         self._seq = itertools.count()
+        # journald relays a service's stdout through a stream that can lag behind PID 1's own
+        # "Failed with result" message: an ended invocation still takes its late lines for this
+        # long (journal time) before it is decided.
+        self._settle_us = int(self.caps.settle_s * 1_000_000)
+        self._ending: dict[str | None, int] = {}  # unit -> settle deadline (journal time, us)
 
     def feed(self, entry: JournalEntry) -> list[Invocation]:
         """Account for one entry; return the invocations it ended (usually none)."""
         unit = entry.unit
-        ended: list[Invocation] = []
+        ended: list[Invocation] = self.flush_due(entry.realtime_us) if self._ending else []
         current = self._open.get(unit)
+        if current is not None and current.settle_deadline_us is not None:
+            same = entry.invocation_id in (None, current.invocation_id)
+            if same and not entry.from_pid1 and not _is_unit_event(entry):
+                current.add_line(next(self._seq), entry)  # a late line of the ended invocation
+                current.last_cursor = entry.cursor
+                return ended
+            if not same or entry.message_id == LifecycleEvent.JOB_STARTED.value:
+                ended.append(self._close(unit))
+                current = None
         if (
             current is not None
             and entry.invocation_id is not None
@@ -193,6 +208,8 @@ class InvocationTracker:
             LifecycleEvent.OOM_KILLED.value,
         ):
             return []
+        if current is not None and current.settle_deadline_us is not None:
+            return []  # already ended; only waiting for late lines
         builder = current or self._begin(entry)
         builder.last_cursor = entry.cursor
         if event == LifecycleEvent.PROCESS_EXITED.value:
@@ -207,7 +224,20 @@ class InvocationTracker:
         )
         builder.skipped = event == LifecycleEvent.CONDITION_SKIPPED.value
         builder.ended_us = entry.realtime_us
-        return [self._close(entry.unit)]
+        if self._settle_us <= 0 or builder.skipped:
+            return [self._close(entry.unit)]
+        builder.settle_deadline_us = entry.realtime_us + self._settle_us
+        self._ending[entry.unit] = builder.settle_deadline_us
+        return []
+
+    def flush_due(self, now_us: int) -> list[Invocation]:
+        """Decide-ready invocations: ended, and their late-line window has passed."""
+        due = [unit for unit, deadline in self._ending.items() if deadline <= now_us]
+        return [self._close(unit) for unit in due]
+
+    def next_deadline_us(self) -> int | None:
+        """When the next ended invocation becomes ready (journal time), if any is waiting."""
+        return min(self._ending.values(), default=None)
 
     def _begin(self, entry: JournalEntry) -> _Builder:
         builder = _Builder(
@@ -222,6 +252,7 @@ class InvocationTracker:
         return builder
 
     def _close(self, unit: str | None) -> Invocation:
+        self._ending.pop(unit, None)
         return self._open.pop(unit).build()
 
     def close(self, unit: str | None, *, hung: bool = False) -> Invocation | None:

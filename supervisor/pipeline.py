@@ -59,6 +59,10 @@ class Pipeline:
                 outcomes.append(self.decide(invocation))
         return outcomes
 
+    def flush_due(self, now_us: int) -> list[Outcome]:
+        """Decide the ended invocations whose late-line window has passed by `now_us`."""
+        return [self.decide(inv) for inv in self.tracker.flush_due(now_us)]
+
     def finish(self) -> list[Outcome]:
         """End every open invocation (the end of a saved journal) and decide about each."""
         return [self.decide(inv) for inv in self.tracker.close_all()]

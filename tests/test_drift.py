@@ -12,7 +12,7 @@ from types import MappingProxyType
 import pytest
 
 from supervisor.app import load_table
-from supervisor.config import Config, DriftConfig, UnitConfig
+from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
 from supervisor.daemon import Daemon
 from supervisor.demo import demo_config
 from supervisor.drift import DriftRecorder
@@ -103,6 +103,8 @@ def _setup(
         base,
         units=(UnitConfig(name=UNIT, python="/opt/venv/bin/python"),),
         drift=DriftConfig(good_start_s=good_start_s),
+        # Decide on PID 1's "Failed" message itself: these tests feed whole batches.
+        tracker=TrackerConfig(settle_s=0),
     )
     daemon = Daemon(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))

@@ -38,10 +38,11 @@ def event(kind: LifecycleEvent, inv: str = "A", unit: str = UNIT, **fields: str)
 
 
 def feed_all(tracker: InvocationTracker, entries: list[JournalEntry]) -> list[Invocation]:
+    """Feed everything, then let every late-line window pass."""
     ended: list[Invocation] = []
     for entry in entries:
         ended += tracker.feed(entry)
-    return ended
+    return ended + tracker.flush_due(1 << 62)
 
 
 EXITED = event(LifecycleEvent.PROCESS_EXITED, EXIT_CODE="exited", EXIT_STATUS="1")
@@ -178,3 +179,31 @@ def test_a_line_without_invocation_id_does_not_anonymise_the_invocation() -> Non
         InvocationTracker(), [first, line("b", inv="Q"), event(LifecycleEvent.UNIT_FAILED, inv="Q")]
     )
     assert [(i.invocation_id, len(i.lines)) for i in ended] == [("Q", 2)]
+
+
+class TestLateLines:
+    """journald's stdout stream can lag behind PID 1's message that the unit failed."""
+
+    def test_late_lines_join_the_ended_invocation(self) -> None:
+        """Lines arriving after 'Failed' but within the settle window belong to the crash."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=1.0))
+        failed = event(LifecycleEvent.UNIT_FAILED, UNIT_RESULT="exit-code")
+        late = line("RuntimeError: the real cause")
+        assert tracker.feed(line("a")) == []
+        assert tracker.feed(failed) == []
+        assert tracker.feed(late) == []
+        (inv,) = tracker.flush_due(failed.realtime_us + 1_000_000)
+        assert [x.text for x in inv.lines] == ["a", "RuntimeError: the real cause"]
+
+    def test_next_start_decides_the_ended_invocation_at_once(self) -> None:
+        """A new invocation of the unit ends the wait for the previous one's late lines."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=60.0))
+        tracker.feed(line("a", inv="A"))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A"))
+        assert [i.invocation_id for i in tracker.feed(line("b", inv="B"))] == ["A"]
+
+    def test_zero_settle_decides_on_the_failed_message(self) -> None:
+        """With no settle window the invocation ends on PID 1's message itself."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=0))
+        tracker.feed(line("a"))
+        assert len(tracker.feed(event(LifecycleEvent.UNIT_FAILED))) == 1
