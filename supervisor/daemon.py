@@ -20,6 +20,7 @@ from typing import Protocol
 
 import structlog
 
+from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import StateError
 from supervisor.journal.reader import JournalctlReader, ReaderSettings
@@ -211,11 +212,11 @@ class Daemon:
             deadline = self.pipeline.tracker.next_deadline_us()
             if deadline is None:
                 self._ending.clear()
-                await _first(self._ending.wait(), stop.wait())
+                await first_of(self._ending.wait(), stop.wait())
                 continue
             delay = deadline / 1e6 - time.time()
             if delay > 0:
-                await _first(asyncio.sleep(delay), stop.wait())
+                await first_of(stop.wait(), at_most_s=delay)
                 continue
             async with self.lock:
                 outcomes = self.pipeline.flush_due(int(time.time() * 1e6))
@@ -319,11 +320,7 @@ class Daemon:
         self.state.pending = []
 
     async def _announce_ready(self, stop: asyncio.Event) -> None:
-        following = asyncio.ensure_future(self.reader.following.wait())
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({following, stopping}, return_when="FIRST_COMPLETED")
-        following.cancel()
-        stopping.cancel()
+        await first_of(self.reader.following.wait(), stop.wait())
         if stop.is_set():
             return
         self.metrics.following(True)
@@ -334,11 +331,7 @@ class Daemon:
 
     async def _watch_reload(self, stop: asyncio.Event, reload: asyncio.Event) -> None:
         while not stop.is_set():
-            waiter = asyncio.ensure_future(reload.wait())
-            stopping = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({waiter, stopping}, return_when="FIRST_COMPLETED")
-            waiter.cancel()
-            stopping.cancel()
+            await first_of(reload.wait(), stop.wait())
             if reload.is_set():
                 reload.clear()
                 self.reload_table()
@@ -380,13 +373,3 @@ def _realtime(cursor: str) -> int | None:
             with contextlib.suppress(ValueError):
                 return int(part[2:], 16)
     return None
-
-
-async def _first(*waits: Coroutine[object, object, object]) -> None:
-    """Wait until the first of `waits` finishes; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()

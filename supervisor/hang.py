@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 import structlog
 
+from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import SystemdError
 from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
@@ -209,12 +210,7 @@ class HangWatcher:
         due = self.detector.next_due()
         wait = MAX_WAIT_S if due is None else min(MAX_WAIT_S, max(0.0, due - self._clock()))
         self._wake.clear()
-        waiters = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())}
-        try:
-            await asyncio.wait(waiters, timeout=wait, return_when="FIRST_COMPLETED")
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+        await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
 
     async def check(self, unit: str) -> Outcome | None:
         """Confirm a due unit's hang and handle it; the outcome, or None when it is not hung."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.aio import first_of
 from supervisor.config import SlackConfig
 from supervisor.errors import NotifyError, StateError
 from supervisor.metrics import Metrics
@@ -293,15 +294,10 @@ class Outbox:
 
     async def _wait(self, stop: asyncio.Event, seconds: float | None) -> None:
         """Until `stop`, `wake()` or `seconds` (the injected sleep), whichever comes first."""
-        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        waits: list[Awaitable[object]] = [stop.wait(), self._wake.wait()]
         if seconds is not None:
-            waiters.append(asyncio.ensure_future(self._sleep(seconds)))
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.gather(*waiters, return_exceptions=True)
+            waits.append(self._sleep(seconds))
+        await first_of(*waits)
 
     async def _deliver(self, message: _Message) -> None:
         assert self._webhook is not None  # noqa: S101 - run() returns early without one
