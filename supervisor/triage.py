@@ -8,6 +8,7 @@ invocation). Everything then goes through the daemon's own `Pipeline`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -122,12 +123,10 @@ def _reported(outcomes: Sequence[Outcome]) -> list[Outcome]:
 
 
 def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]:
-    settings = ReaderSettings(
-        directory=settings.directory,
-        files=settings.files,
+    settings = dataclasses.replace(
+        settings,
         units=tuple(u.name for u in pipeline.config.units),
         journalctl=pipeline.config.journal.journalctl,
-        follow=False,
     )
 
     async def run() -> list[Outcome]:

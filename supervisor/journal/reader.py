@@ -205,8 +205,9 @@ class JournalctlReader:
         between was lost. Reading the last entry's cursor first makes the start point exact.
         An empty journal has no tail: then everything that arrives is new (`--no-tail`).
         """
-        argv = [*journalctl_argv(dataclasses.replace(self.settings, follow=False), None)]
-        argv = [a for a in argv if not a.startswith("--unit=")] + ["--lines=1"]
+        # The last entry of the whole journal, whatever its unit: that is where following starts.
+        last_entry = dataclasses.replace(self.settings, follow=False, units=())
+        argv = [*journalctl_argv(last_entry, None), "--lines=1"]
         process = await asyncio.create_subprocess_exec(
             *argv,
             stdout=asyncio.subprocess.PIPE,
