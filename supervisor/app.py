@@ -19,7 +19,7 @@ from supervisor.environment import EnvironmentLog
 from supervisor.errors import ConfigError, SupervisorError
 from supervisor.gatecmd import QUARANTINE_SUBDIR
 from supervisor.halt import Halter
-from supervisor.httpserver import MetricsServer, combine_health
+from supervisor.httpserver import HealthCheck, MetricsServer, combine_health, following_check
 from supervisor.metrics import Metrics
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import SlackWebhook
@@ -96,7 +96,9 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
     drift.install(daemon, EnvironmentLog(store), exec_start=control.exec_start if control else None)
     for unit in halter_quarantine.list():
         metrics.units_halted(unit, True)
-    server = MetricsServer(metrics, combine_health(_health(daemon), outbox.health))
+    server = MetricsServer(
+        metrics, combine_health(following_check(metrics), _state_health(daemon), outbox.health)
+    )
     try:
         if config.metrics.enabled:
             host, port = parse_listen(config.metrics.listen, key="metrics.listen")
@@ -115,15 +117,17 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
         store.close()
 
 
-def _health(daemon: Daemon) -> Callable[[], tuple[bool, dict[str, Any]]]:
+def _state_health(daemon: Daemon) -> HealthCheck:
+    """Healthy while every handled batch has reached the state database."""
+
     def check() -> tuple[bool, dict[str, Any]]:
-        following = daemon.reader.following.is_set()
-        detail = {
-            "following": following,
+        pending = len(daemon.state.pending)
+        reasons = [f"{pending} classified invocations not yet committed"] if pending else []
+        return not pending, {
             "state_errors": daemon.state.state_errors,
-            "pending_commits": len(daemon.state.pending),
+            "pending_commits": pending,
+            "reasons": reasons,
         }
-        return following and not daemon.state.pending, detail
 
     return check
 

@@ -123,18 +123,15 @@ class Daemon:
             self._reader_settings(),
             cursor=self.checkpoint.replay_from or self.checkpoint.cursor,
             inclusive=self.checkpoint.replay_from is not None,
-            on_restart=self._reader_restarted,
+            on_restart=metrics.source_restart,
             on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
+            on_following=metrics.following,
         )
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
         self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
-
-    def _reader_restarted(self, reason: str) -> None:
-        self.metrics.source_restart(reason)
-        self.metrics.following(False)
 
     def _reader_settings(self) -> ReaderSettings:
         journal = self.config.journal
@@ -189,8 +186,6 @@ class Daemon:
         outcomes = await self._enrich(self.pipeline.feed(batch))
         self.state.entries += len(batch)
         self.metrics.entries_read(len(batch))
-        if not self.metrics.is_following:
-            self.metrics.following(True)
         if batch:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
         for outcome in outcomes:
@@ -323,7 +318,6 @@ class Daemon:
         await first_of(self.reader.following.wait(), stop.wait())
         if stop.is_set():
             return
-        self.metrics.following(True)
         log.info("following_journal", cursor=self.reader.cursor)
         if self.reporter is not None:
             self.reporter.ready()

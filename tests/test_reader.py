@@ -92,7 +92,8 @@ class TestRealJournal:
         settings = ReaderSettings(
             directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
         )
-        reader = JournalctlReader(settings)
+        states: list[bool] = []
+        reader = JournalctlReader(settings, on_following=states.append)
         got: list[str] = []
         stop = asyncio.Event()
         task = asyncio.create_task(_collect(reader, stop, 900, got))
@@ -112,6 +113,7 @@ class TestRealJournal:
         resume = asyncio.create_task(_collect(resumed, asyncio.Event(), 50, more))
         await _until(resume.done, writer)
         expected = _lines("early", 300) + _lines("middle", 300) + _lines("late", 300)
+        assert states[:3] == [True, False, True]  # followed, lost with the kill, followed again
         assert got == expected
         assert more == _lines("after", 50)
 

@@ -95,6 +95,7 @@ class JournalctlReader:
         inclusive: bool = False,
         on_restart: Callable[[str], None] | None = None,
         on_invalid: Callable[[int], None] | None = None,
+        on_following: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
         self.cursor = cursor
@@ -102,9 +103,10 @@ class JournalctlReader:
         self._inclusive = inclusive
         self.following = asyncio.Event()  # set while a journalctl child runs
         self.restarts = 0
-        self.cursor_rejected = False
-        self._argv: list[str] = []  # journalctl refused the saved cursor at least once
+        self.cursor_rejected = False  # journalctl refused the saved cursor at least once
+        self._argv: list[str] = []
         self._on_restart = on_restart or (lambda reason: None)
+        self._on_following = on_following or (lambda is_following: None)
         self._on_invalid = on_invalid or (lambda count: None)
         self._process: asyncio.subprocess.Process | None = None
 
@@ -121,6 +123,7 @@ class JournalctlReader:
             if stop.is_set() or not self.settings.follow:
                 return
             self.following.clear()
+            self._on_following(False)
             self.restarts += 1
             reason = "exited" if received or self.cursor is None else "no_output"
             self._on_restart(reason)
@@ -146,6 +149,7 @@ class JournalctlReader:
             raise JournalError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
         self._process = process
         self.following.set()
+        self._on_following(True)
         stderr_task = asyncio.create_task(_drain_stderr(process))
         try:
             async for batch in self._read(process, stop):
