@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,22 @@ def wait_for(condition: Callable[[], object], *, timeout: float = 20.0, what: st
             return
         time.sleep(0.02)
     pytest.fail(f"timed out after {timeout} s waiting for {what or condition}")
+
+
+async def poll(
+    condition: Callable[[], object],
+    *,
+    within: float = 10.0,
+    each: Callable[[], object] | None = None,
+) -> None:
+    """Await `condition` with a deadline, calling `each` between tries (e.g. a journal nudge)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within}s")
+        if each is not None:
+            each()
+        await asyncio.sleep(0.005)
 
 
 @pytest.fixture(name="journal_dir")

@@ -7,12 +7,9 @@ simulate Slack being down.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -115,12 +112,3 @@ class SlackServer:
                 """Silence the default stderr access log."""
 
         return Handler
-
-
-async def poll(condition: Callable[[], bool], *, within: float = 10.0) -> None:
-    """Wait until `condition()` is true, failing after `within` seconds (no fixed sleeps)."""
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.005)

@@ -7,6 +7,8 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+from conftest import poll
+
 from supervisor.app import load_table, quarantine_dir
 from supervisor.config import Config
 from supervisor.daemon import Daemon
@@ -37,14 +39,13 @@ async def _run_until(config: Config, writer: JournalWriter, history_len: int) ->
     )
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 30
     try:
-        while len(store.history()) < history_len:
-            assert loop.time() < deadline, f"history stuck at {len(store.history())}"
-            assert not task.done(), task
-            writer.nudge()
-            await asyncio.sleep(0.02)
+        await poll(
+            lambda: task.done() or len(store.history()) >= history_len,
+            within=30,
+            each=writer.nudge,
+        )
+        assert not task.done(), task
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import pytest
+from conftest import poll
 
 from supervisor.app import load_table
 from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
@@ -121,10 +122,8 @@ async def _crash_after_upgrade(daemon: Daemon, env: FakeEnv, *, serving: bool) -
         first.append(journal.line("a" * 32, "INFO:     Application startup complete."))
     await daemon.handle_batch([*first, *journal.ended("a" * 32, 0)])
     envlog = EnvironmentLog(daemon.store)
-    deadline = time.monotonic() + 10
-    while envlog.for_invocation(UNIT, "a" * 32) is None:  # the first start's snapshot is taken
-        assert time.monotonic() < deadline, "first snapshot never recorded"
-        await asyncio.sleep(0.01)  # polling with a deadline
+    # The first start's snapshot is taken.
+    await poll(lambda: envlog.for_invocation(UNIT, "a" * 32) is not None, within=10)
     env.packages["flashinfer-python"] = "0.6.4"
     crash = [journal.line("b" * 32, "INFO loading"), journal.line("b" * 32, FATAL)]
     return await daemon.handle_batch([*crash, *journal.ended("b" * 32, 1)])

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 import structlog
+from conftest import poll
 from notify_fakes import T0, FakeClock, make_outcome, running
-from slack_server import poll
 
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import StateError

@@ -6,10 +6,10 @@ import asyncio
 import dataclasses
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import poll
 
 from supervisor.errors import JournalError
 from supervisor.journal.reader import JournalctlReader, ReaderSettings, journalctl_argv, read_all
@@ -98,20 +98,20 @@ class TestRealJournal:
         stop = asyncio.Event()
         task = asyncio.create_task(_collect(reader, stop, 900, got))
         await asyncio.wait_for(reader.following.wait(), 20)
-        await _until(lambda: len(got) >= 300, writer)
+        await poll(lambda: len(got) >= 300, within=20, each=writer.nudge)
         # Kill the child mid-stream (our own child, by PID), then write more while it is down.
         assert reader._process is not None
         os.kill(reader._process.pid, signal.SIGKILL)
         writer.write(service_lines(UNIT, inv, _lines("middle", 300)))
-        await _until(lambda: reader.restarts >= 1)
+        await poll(lambda: reader.restarts >= 1, within=20)
         writer.write(service_lines(UNIT, inv, _lines("late", 300)))
-        await _until(task.done, writer)
+        await poll(task.done, within=20, each=writer.nudge)
         # A brand-new reader from the saved cursor sees only what came after it.
         writer.write(service_lines(UNIT, inv, _lines("after", 50)))
         resumed = JournalctlReader(settings, cursor=reader.cursor)
         more: list[str] = []
         resume = asyncio.create_task(_collect(resumed, asyncio.Event(), 50, more))
-        await _until(resume.done, writer)
+        await poll(resume.done, within=20, each=writer.nudge)
         expected = _lines("early", 300) + _lines("middle", 300) + _lines("late", 300)
         assert states[:3] == [True, False, True]  # followed, lost with the kill, followed again
         assert got == expected
@@ -131,7 +131,7 @@ class TestRealJournal:
         await asyncio.wait_for(reader.following.wait(), 20)
         writer.write(service_lines(UNIT, "e" * 32, _lines("ours", 3)))
         writer.write(service_lines("other.service", "d" * 32, _lines("other-late", 2)))
-        await _until(task.done, writer)
+        await poll(task.done, within=20, each=writer.nudge)
         assert got == _lines("ours", 3)
 
     async def test_tail_start_is_pinned_before_following_is_announced(
@@ -152,7 +152,7 @@ class TestRealJournal:
         task = asyncio.create_task(_collect(reader, asyncio.Event(), 2, got))
         await asyncio.wait_for(reader.following.wait(), 20)
         writer.write(service_lines(UNIT, "f" * 32, _lines("new", 2)))
-        await _until(task.done, writer)
+        await poll(task.done, within=20, each=writer.nudge)
         assert got == _lines("new", 2)
 
     async def test_unparsable_cursor_falls_back_instead_of_crash_looping(
@@ -167,18 +167,6 @@ class TestRealJournal:
         got: list[str] = []
         await asyncio.wait_for(_collect(reader, asyncio.Event(), 5, got), 30)
         assert got == _lines("line", 5)
-
-
-async def _until(condition: Callable[[], bool], writer: JournalWriter | None = None) -> None:
-    """Poll with a deadline, nudging journal-remote's followers as journald would."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20.0
-    while not condition():
-        if loop.time() > deadline:
-            pytest.fail("condition not met in time")
-        if writer is not None:
-            writer.nudge()
-        await asyncio.sleep(0.02)
 
 
 async def _read_or_empty(settings: ReaderSettings) -> list[str]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import structlog
+from conftest import poll
 from notify_fakes import FakeClock, make_outcome, running
-from slack_server import SECRET, Reply, SlackServer, poll
+from slack_server import SECRET, Reply, SlackServer
 
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import NotifyError
