@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from supervisor.journal.export import ExportParser, decode, message_text
 from supervisor.journal.writer import EntryFactory, export_entry
-from supervisor.model import LifecycleEvent
+from supervisor.model import JournalEntry, LifecycleEvent
 
 
 def _stream() -> bytes:
@@ -58,6 +60,31 @@ class TestExportParser:
 
 class TestDecode:
     """Turning raw fields into the pipeline's JournalEntry."""
+
+    def test_entry_is_the_same_frozen_value_the_dataclass_builds(self) -> None:
+        """The fast constructor yields an equal JournalEntry that still refuses changes."""
+        fields = {
+            b"__CURSOR": b"s=1;i=2",
+            b"__REALTIME_TIMESTAMP": b"1700000000000000",
+            b"MESSAGE": b"hello",
+            b"_PID": b"42",
+            b"PRIORITY": b"3",
+            b"_SYSTEMD_UNIT": b"vllm.service",
+            b"_SYSTEMD_INVOCATION_ID": b"ab" * 16,
+        }
+        entry = decode(fields)
+        expected = JournalEntry(
+            cursor="s=1;i=2",
+            realtime_us=1_700_000_000_000_000,
+            message="hello",
+            unit="vllm.service",
+            invocation_id="ab" * 16,
+            pid=42,
+            priority=3,
+        )
+        assert expected == entry
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.message = "changed"  # type: ignore[misc, union-attr]
 
     def test_service_line_is_about_its_own_unit(self) -> None:
         """A service's line names the unit and invocation from the trusted fields."""
