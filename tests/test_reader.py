@@ -6,6 +6,7 @@ Every test of real journals runs with both children: `journalctl` and the libsys
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -231,3 +232,63 @@ class TestSourceChoice:
         argv = native_argv(settings, cursor)
         assert expected == argv[-len(expected) :]
         assert f"--unit={UNIT}" in argv
+
+
+class TestRotation:
+    """journald's rotation and vacuum under a follower: the crash-isolation the child exists for."""
+
+    async def test_rotation_vacuum_and_a_truncated_file_lose_nothing(
+        self, journal_dir: Path, source: str
+    ) -> None:
+        """Rotate, vacuum and truncate journal files while following: every entry exactly once.
+
+        1. `remote.journal` is archived under journald's name for rotated files and a new active
+           file is started; 2. the archived file is deleted (vacuum); 3. another archived file the
+        reader has mapped is truncated to nothing, which is what made libsystemd readers die with
+        SIGBUS before systemd 255. If the child dies, the reader restarts it from its cursor.
+        """
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05, source=source
+        )
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        expected: list[str] = []
+        task = asyncio.create_task(_collect(reader, asyncio.Event(), 10**9, got))
+        writer = JournalWriter(journal_dir)
+        try:
+            for step in ("gen1", "gen2", "gen3", "gen4"):
+                if step != "gen1":
+                    writer = _rotate(journal_dir, writer, step)
+                lines = _lines(step, 200)
+                writer.write(service_lines(UNIT, "9" * 32, lines))
+                expected += lines
+                want = len(expected)
+                await poll(lambda want=want: len(got) >= want, within=30, each=writer.nudge)
+        finally:
+            writer.close()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await reader.aclose()
+        assert expected == got
+        if source == "native":
+            # On systemd 252 the libsystemd child dies of SIGBUS (exit -7) on the truncated file;
+            # the restart from its cursor is what kept every entry above.
+            assert reader.restarts >= 1
+
+
+def _rotate(directory: Path, writer: JournalWriter, step: str) -> JournalWriter:
+    """Archive `remote.journal` under journald's rotated-file name; a new writer continues.
+
+    Before gen3 the oldest archived file is also deleted (vacuum); before gen4 the newest
+    archived one, which the reader has mapped, is truncated to nothing.
+    """
+    writer.close()
+    factory = writer.factory
+    archived = f"remote@{factory.seqnum_id}-{factory.seqnum:016x}-{factory.clock_us:016x}.journal"
+    (directory / "remote.journal").rename(directory / archived)
+    if step == "gen3":
+        min(directory.glob("remote@*.journal")).unlink()
+    if step == "gen4":
+        os.truncate(max(directory.glob("remote@*.journal")), 0)
+    return JournalWriter(directory, factory=factory)
