@@ -30,7 +30,12 @@ NCCL_TIMEOUT = [
 
 
 def write_config(
-    root: Path, *, slack_url: str | None = None, extra: str = "", state: str = ""
+    root: Path,
+    *,
+    slack_url: str | None = None,
+    extra: str = "",
+    state: str = "",
+    reader: str = "auto",
 ) -> Path:
     """A config for a supervisor following `root/journal` with private state and no systemd."""
     slack = ""
@@ -41,7 +46,7 @@ def write_config(
         )
     text = (
         "[systemd]\nenabled = false\n"
-        f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\n'
+        f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\nreader = "{reader}"\n'
         "restart_backoff_s = 0.1\nrestart_backoff_max_s = 0.5\n"
         f'[state]\nstate_dir = "{root / "state"}"\nruntime_dir = "{root / "run"}"\n'
         f"{state}"
@@ -160,6 +165,11 @@ class Supervisor:
                     out.append(json.loads(line))
         return out
 
+    def following(self) -> bool:
+        """Has the current run started following the journal (its signal handlers are set)?"""
+        text = self.logs[-1].read_text(encoding="utf-8", errors="replace")
+        return '"event": "following_journal"' in text
+
     def stderr_text(self) -> str:
         """All runs' stderr, for failure messages."""
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs)
@@ -179,6 +189,15 @@ def comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def is_reader(pid: int) -> bool:
+    """Is `pid` a journal reader child: journalctl, or the native libsystemd reader?"""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return comm(pid) == "journalctl" or b"supervisor.journal.native_child" in argv
 
 
 def db_rows(state_dir: Path, sql: str) -> list[Any]:
