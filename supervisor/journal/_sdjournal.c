@@ -90,14 +90,18 @@ static int out_cursor(Out *out, sd_journal *j) {
     return r;
 }
 
-static int wanted(const Name *names, size_t count, const char *item, size_t size) {
+/* The index of the item's field in `names`, or -1; its name's length in *name_len. */
+static int wanted(const Name *names, size_t count, const char *item, size_t size,
+                  size_t *name_len) {
     const char *eq = memchr(item, '=', size);
     if (eq == NULL)
         return -1;
     size_t len = (size_t)(eq - item);
     for (size_t i = 0; i < count; i++)
-        if (names[i].len == len && memcmp(names[i].name, item, len) == 0)
-            return (int)len;
+        if (names[i].len == len && memcmp(names[i].name, item, len) == 0) {
+            *name_len = len;
+            return (int)i;
+        }
     return -1;
 }
 
@@ -124,6 +128,8 @@ typedef struct {
     Name units[MAX_FIELDS];
     size_t n_units;
     int filter_units; /* match the units on the fields here (following) */
+    int lines;        /* the lean framing (see write_lines) instead of export format */
+    int message;      /* the index of MESSAGE in fields, or -1 */
 } Selection;
 
 typedef struct {
@@ -166,6 +172,51 @@ static int put_field(Buf *b, const char *item, size_t size, size_t name_len) {
     return buf_put(b, "\n", 1);
 }
 
+/* The lean framing, one entry:
+ *   CURSOR \t REALTIME \t FIELD1 \t ... \t FIELDn \t MESSAGE_LENGTH \n MESSAGE \n
+ * with the fields in the order asked for (MESSAGE left out of the row), an absent field empty.
+ * The parent splits one line per entry instead of building a dict of KEY=VALUE lines. A tab or
+ * newline inside a row value (never in a cursor, number, id or valid unit name) becomes '?'.
+ * A cursor-only record is a line with the cursor alone. */
+static int write_lines(Out *out, Buf *entry, sd_journal *j, const Selection *sel,
+                       const size_t *offsets, const size_t *lengths) {
+    uint64_t realtime;
+    int r;
+    if ((r = sd_journal_get_realtime_usec(j, &realtime)) < 0)
+        return r;
+    char stamp[32];
+    int len = snprintf(stamp, sizeof stamp, "\t%llu", (unsigned long long)realtime);
+    char *cursor = NULL;
+    if ((r = sd_journal_get_cursor(j, &cursor)) < 0)
+        return r;
+    r = out_put(out, cursor, strlen(cursor));
+    free(cursor);
+    if (r < 0 || (r = out_put(out, stamp, (size_t)len)) < 0)
+        return r;
+    for (size_t i = 0; i < sel->n_fields; i++) {
+        if ((int)i == sel->message)
+            continue;
+        if ((r = out_put(out, "\t", 1)) < 0)
+            return r;
+        if (lengths[i] == 0)
+            continue;
+        char *value = entry->data + offsets[i];
+        for (size_t k = 0; k < lengths[i]; k++)
+            if (value[k] == '\t' || value[k] == '\n')
+                value[k] = '?';
+        if ((r = out_put(out, value, lengths[i])) < 0)
+            return r;
+    }
+    size_t message_len = sel->message >= 0 ? lengths[sel->message] : 0;
+    len = snprintf(stamp, sizeof stamp, "\t%zu\n", message_len);
+    if ((r = out_put(out, stamp, (size_t)len)) < 0)
+        return r;
+    if (message_len > 0 && (r = out_put(out, entry->data + offsets[sel->message], message_len)) < 0)
+        return r;
+    r = out_put(out, "\n", 1);
+    return r < 0 ? r : 1;
+}
+
 /* Write the current entry; 1 when written, 0 when it is not about the units, <0 on error.
  * Data returned by libsystemd is only valid until the next call, so each wanted field is copied
  * into `entry` at once; the entry reaches the output only if it is about the units. */
@@ -176,19 +227,31 @@ static int write_entry(Out *out, Buf *entry, sd_journal *j, const Selection *sel
     int r;
     entry->len = 0;
     sd_journal_restart_data(j);
+    size_t offsets[MAX_FIELDS], lengths[MAX_FIELDS];
+    for (size_t i = 0; i < sel->n_fields; i++)
+        offsets[i] = lengths[i] = 0;
     while ((r = sd_journal_enumerate_available_data(j, &data, &size)) > 0) {
-        int name_len = wanted(sel->fields, sel->n_fields, data, size);
-        if (name_len < 0)
+        size_t name_len;
+        int index = wanted(sel->fields, sel->n_fields, data, size, &name_len);
+        if (index < 0)
             continue;
-        if (!matched && about(sel->units, sel->n_units, data, size, (size_t)name_len))
+        if (!matched && about(sel->units, sel->n_units, data, size, name_len))
             matched = 1;
-        if ((r = put_field(entry, data, size, (size_t)name_len)) < 0)
+        if (sel->lines) { /* the value only; a repeated field keeps its last value */
+            offsets[index] = entry->len;
+            lengths[index] = size - name_len - 1;
+            r = buf_put(entry, (const char *)data + name_len + 1, lengths[index]);
+        } else
+            r = put_field(entry, data, size, name_len);
+        if (r < 0)
             return r;
     }
     if (r < 0)
         return r;
     if (!matched)
         return 0;
+    if (sel->lines)
+        return write_lines(out, entry, j, sel, offsets, lengths);
     uint64_t realtime;
     if ((r = sd_journal_get_realtime_usec(j, &realtime)) < 0)
         return r;
@@ -343,11 +406,20 @@ typedef struct {
 
 static int cursor_record(Run *run) {
     /* A cursor-only record: the checkpoint moves past entries nobody asked for. */
+    if (run->sel.lines) {
+        char *cursor = NULL;
+        int r = sd_journal_get_cursor(run->j, &cursor);
+        if (r < 0)
+            return r;
+        r = out_put(run->out, cursor, strlen(cursor));
+        free(cursor);
+        return r < 0 ? r : out_put(run->out, "\n", 1);
+    }
     int r = out_cursor(run->out, run->j);
     return r < 0 ? r : out_put(run->out, "\n", 1);
 }
 
-static int stream_loop(Run *run) {
+static int stream_loop(Run *run, int first_is_cursor) {
     long skipped = 0; /* entries of other units since the last record written */
     int r;
     for (;;) {
@@ -356,7 +428,11 @@ static int stream_loop(Run *run) {
             return fail("Failed to iterate through journal", r);
         if (r > 0) {
             r = write_entry(run->out, &run->entry, run->j, &run->sel);
-            if (r == 0 && ++skipped >= SKIPPED_CURSOR_EVERY && (r = cursor_record(run)) >= 0)
+            /* The entry a cursor seek lands on is always reported, if only by its cursor, so the
+             * parent sees whether the saved entry is still there. */
+            long every = first_is_cursor ? 1 : SKIPPED_CURSOR_EVERY;
+            first_is_cursor = 0;
+            if (r == 0 && ++skipped >= every && (r = cursor_record(run)) >= 0)
                 skipped = 0;
             else if (r > 0)
                 skipped = 0;
@@ -396,14 +472,14 @@ static int stream_last(Run *run) {
 
 static PyObject *stream(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"fields", "units", "directory", "files", "follow", "cursor",
-                               "start", "match_units", "data_threshold", NULL};
+                               "start", "match_units", "data_threshold", "lines", NULL};
     PyObject *fields, *units, *directory, *files;
-    int follow, match_units;
+    int follow, match_units, lines;
     const char *cursor, *start;
     Py_ssize_t threshold;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOpzspn", keywords, &fields, &units,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOpzspnp", keywords, &fields, &units,
                                      &directory, &files, &follow, &cursor, &start, &match_units,
-                                     &threshold))
+                                     &threshold, &lines))
         return NULL;
     Run run = {.follow = follow, .entry = {NULL, 0, 0}};
     if (names_from(fields, run.sel.fields, &run.sel.n_fields, "fields") < 0 ||
@@ -412,6 +488,11 @@ static PyObject *stream(PyObject *self, PyObject *args, PyObject *kwargs) {
     /* Following: match the units on the fields read, not with sd_journal_add_match (what
      * journalctl --unit --follow does, and misses units that had no entry yet on 252). */
     run.sel.filter_units = follow && run.sel.n_units > 0;
+    run.sel.lines = lines;
+    run.sel.message = -1;
+    for (size_t i = 0; i < run.sel.n_fields; i++)
+        if (run.sel.fields[i].len == 7 && memcmp(run.sel.fields[i].name, "MESSAGE", 7) == 0)
+            run.sel.message = (int)i;
     run.out = PyMem_RawMalloc(sizeof(Out));
     if (run.out == NULL)
         return PyErr_NoMemory();
@@ -429,7 +510,8 @@ static PyObject *stream(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (status == 0)
         status = position(run.j, cursor, start);
     if (status == 0)
-        status = strcmp(start, "last") == 0 && cursor == NULL ? stream_last(&run) : stream_loop(&run);
+        status = strcmp(start, "last") == 0 && cursor == NULL ? stream_last(&run)
+                                                               : stream_loop(&run, cursor != NULL);
     if (run.j != NULL)
         sd_journal_close(run.j);
     PyMem_RawFree(run.out);

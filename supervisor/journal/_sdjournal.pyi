@@ -11,5 +11,6 @@ def stream(
     start: str,
     match_units: bool,
     data_threshold: int,
+    lines: bool,
 ) -> int:
     """Write the journal's entries to fd 1 in export format; returns the exit status."""

@@ -129,15 +129,10 @@ def decode(fields: Fields, *, max_chars: int = 16384) -> JournalEntry | None:
         unit, invocation = obj, None
     else:
         unit, invocation = get(b"_SYSTEMD_UNIT"), get(b"_SYSTEMD_INVOCATION_ID")
-    raw = get(b"MESSAGE", b"")
-    if len(raw) <= max_chars and b"\r" not in raw and b"\x00" not in raw:
-        message = raw.decode("utf-8", "replace")  # what message_text returns for such a line
-    else:
-        message = message_text(raw, max_chars)
     return _new_entry(
         cursor.decode("ascii", "replace"),
         _int(get(b"__REALTIME_TIMESTAMP")) or 0,
-        message,
+        _message(get(b"MESSAGE", b""), max_chars),
         unit.decode("utf-8", "replace") if unit is not None else None,
         invocation.decode("ascii", "replace") if invocation is not None else None,
         _int(pid),
@@ -146,6 +141,121 @@ def decode(fields: Fields, *, max_chars: int = 16384) -> JournalEntry | None:
         pid == b"1",
         _lifecycle(fields) if message_id is not None else EMPTY,
     )
+
+
+def _message(raw: bytes, max_chars: int) -> str:
+    if len(raw) <= max_chars and b"\r" not in raw and b"\x00" not in raw:
+        return raw.decode("utf-8", "replace")  # what message_text returns for such a line
+    return message_text(raw, max_chars)
+
+
+# The row of the native reader's lean framing: every output field but MESSAGE, in order.
+LINE_FIELDS = tuple(name for name in OUTPUT_FIELDS if name != b"MESSAGE")
+_LINE_COLUMNS = 2 + len(LINE_FIELDS) + 1  # cursor, realtime, the fields, the message's length
+_LIFECYCLE_NAMES = tuple(name.decode() for name in LIFECYCLE_FIELDS)
+
+
+@dataclass(slots=True)
+class LineParser:
+    """Turns the native reader's lean framing (`_sdjournal.c`, `write_lines`) into entries.
+
+    One tab-separated row per entry (cursor, realtime, the fields of `LINE_FIELDS`, the length of
+    the message), then the message bytes and a newline: one `split` per entry instead of a dict
+    of KEY=VALUE lines, and no dict at all. An absent field is empty, so an empty field counts as
+    absent here (`decode` would keep an empty UNIT=; no unit is named ""). A row with only a
+    cursor moves the checkpoint past entries of other units.
+    """
+
+    max_chars: int = 16384
+    invalid: int = 0
+    _buffer: bytes = b""
+
+    def feed(self, chunk: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
+        """The entries `chunk` completes, and the first and last record's cursor (raw)."""
+        buf = self._buffer + chunk if self._buffer else chunk
+        entries: list[JournalEntry] = []
+        first: bytes | None = None
+        last: bytes | None = None
+        pos = 0
+        size = len(buf)
+        find = buf.find
+        max_chars = self.max_chars
+        while (newline := find(b"\n", pos)) >= 0:
+            row = buf[pos:newline].split(b"\t")
+            if len(row) != _LINE_COLUMNS or not row[-1].isdigit():
+                if len(row) == 1:  # a cursor-only record
+                    last = row[0]
+                    first = first or last
+                else:
+                    self.invalid += 1  # out of step: resynchronise at the next line
+                pos = newline + 1
+                continue
+            # The order of LINE_FIELDS (checked at import).
+            (
+                cursor,
+                realtime,
+                message_id,
+                priority,
+                pid,
+                service_unit,
+                service_invocation,
+                about_unit,
+                about_invocation,
+                object_unit,
+                *lifecycle,
+                length,
+            ) = row
+            end = newline + 1 + int(length)
+            if end >= size:
+                break
+            unit, invocation = (
+                (about_unit, about_invocation)
+                if about_unit and (message_id or pid == b"1")
+                else (object_unit, b"")
+                if object_unit
+                else (service_unit, service_invocation)
+            )
+            entries.append(
+                _new_entry(
+                    cursor.decode("ascii", "replace"),
+                    int(realtime),
+                    _message(buf[newline + 1 : end], max_chars),
+                    unit.decode("utf-8", "replace") if unit else None,
+                    invocation.decode("ascii", "replace") if invocation else None,
+                    _int(pid) if pid else None,
+                    _int(priority) if priority else None,
+                    message_id.decode("ascii", "replace") if message_id else None,
+                    pid == b"1",
+                    _lifecycle_row(lifecycle) if message_id else EMPTY,
+                )
+            )
+            last = cursor
+            first = first or cursor
+            pos = end + 1
+        self._buffer = buf[pos:]
+        return entries, first, last
+
+
+def _lifecycle_row(values: list[bytes]) -> dict[str, str]:
+    return {
+        key: value.decode("utf-8", "replace")
+        for key, value in zip(_LIFECYCLE_NAMES, values, strict=True)
+        if value
+    }
+
+
+if (
+    b"MESSAGE_ID",
+    b"PRIORITY",
+    b"_PID",
+    b"_SYSTEMD_UNIT",
+    b"_SYSTEMD_INVOCATION_ID",
+    b"UNIT",
+    b"INVOCATION_ID",
+    b"OBJECT_SYSTEMD_UNIT",
+    *LIFECYCLE_FIELDS,
+) != LINE_FIELDS:
+    raise RuntimeError("LineParser.feed unpacks the row in another order than OUTPUT_FIELDS")
 
 
 def _entry_factory() -> Callable[..., JournalEntry]:

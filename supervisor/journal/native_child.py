@@ -26,6 +26,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cursor")
     parser.add_argument("--start", choices=("head", "tail", "last"), default="head")
     parser.add_argument("--data-threshold", type=int, default=0)
+    parser.add_argument(
+        "--lines", action="store_true", help="the lean framing (export.LineParser) for the daemon"
+    )
     return parser.parse_args(argv)
 
 
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         start=args.start,
         match_units=bool(args.unit),
         data_threshold=args.data_threshold,
+        lines=args.lines,
     )
     return status
 
