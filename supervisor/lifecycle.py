@@ -108,7 +108,14 @@ class _Builder:
         if len(self.important) >= self.caps.max_error_lines:
             return
         low = priority if priority is not None else 7
-        if after_frame or low <= 3 or self._matches_important(row):
+        if after_frame or low <= 3:
+            self.important.append(row)
+            return
+        # _matches_important's cached answer, inline (this runs for nearly every line).
+        matched = self._matches.pop(row[0], None)
+        if matched is None:
+            matched = self._matches_important(row)
+        if matched:
             self.important.append(row)
 
     def _matches_important(self, row: _Row) -> bool:

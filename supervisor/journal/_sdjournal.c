@@ -15,6 +15,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -499,6 +500,9 @@ static PyObject *stream(PyObject *self, PyObject *args, PyObject *kwargs) {
     run.out->len = 0;
     /* The supervisor may die without closing us (kill -9): do not outlive it. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
+    /* A pipe holds 64 KiB by default: the reader would stop every 64 KiB to wait for the parent.
+     * With OUT_SIZE it can run a whole buffer ahead (best effort: a plain file is fine too). */
+    (void)fcntl(STDOUT_FILENO, F_SETPIPE_SZ, OUT_SIZE);
     int status = 0;
     int r = open_journal(&run.j, directory, files);
     if (r < 0)

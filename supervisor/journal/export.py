@@ -215,15 +215,21 @@ class LineParser:
                 if object_unit
                 else (service_unit, service_invocation)
             )
+            raw = buf[newline + 1 : end]
+            # _message's fast path, inline: this loop runs once per entry.
+            if len(raw) <= max_chars and b"\r" not in raw and b"\x00" not in raw:
+                message = raw.decode("utf-8", "replace")
+            else:
+                message = message_text(raw, max_chars)
             entries.append(
                 _new_entry(
                     cursor.decode("ascii", "replace"),
-                    int(realtime),
-                    _message(buf[newline + 1 : end], max_chars),
+                    int(realtime) if realtime.isdigit() else 0,
+                    message,
                     unit.decode("utf-8", "replace") if unit else None,
                     invocation.decode("ascii", "replace") if invocation else None,
-                    _int(pid) if pid else None,
-                    _int(priority) if priority else None,
+                    int(pid) if pid.isdigit() else None,
+                    int(priority) if priority.isdigit() else None,
                     message_id.decode("ascii", "replace") if message_id else None,
                     pid == b"1",
                     _lifecycle_row(lifecycle) if message_id else EMPTY,

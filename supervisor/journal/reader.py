@@ -214,6 +214,7 @@ class JournalctlReader:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 stdin=asyncio.subprocess.DEVNULL,
+                limit=READ_SIZE,  # buffer up to 2 MiB before pausing the pipe (default 128 KiB)
             )
         except OSError as exc:
             raise JournalError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
