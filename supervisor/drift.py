@@ -75,8 +75,10 @@ class DriftRecorder:
         snapshotter: Snapshotter = snapshot,
         clock: Callable[[], float] = time.time,
         max_start_age_s: float = MAX_START_AGE_S,
+        on_snapshot: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_snapshot = on_snapshot or (lambda unit, outcome: None)
         self.envlog = envlog
         self._exec_start = exec_start
         self._snapshotter = snapshotter
@@ -175,14 +177,17 @@ class DriftRecorder:
                 python = await self._python(start.unit)
                 if python is None:
                     log.info("drift_no_interpreter", unit=start.unit)
+                    self._on_snapshot(start.unit, "no_interpreter")
                     return
                 snap = await asyncio.to_thread(
                     self._snapshotter, python, self.config.drift.packages
                 )
             self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
             log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
+            self._on_snapshot(start.unit, "recorded")
         except (ProbeError, SystemdError, StateError, TimeoutError) as exc:
             log.warning("drift_snapshot_failed", unit=start.unit, error=str(exc) or "timeout")
+            self._on_snapshot(start.unit, "failed")
         finally:
             start.recorded.set()
 
@@ -205,7 +210,12 @@ def install(
     daemon: Daemon, envlog: EnvironmentLog, *, exec_start: ExecStart | None
 ) -> DriftRecorder:
     """Add drift recording to `daemon`: its batch hook and its recorder task."""
-    recorder = DriftRecorder(daemon.config, envlog, exec_start=exec_start)
+    recorder = DriftRecorder(
+        daemon.config,
+        envlog,
+        exec_start=exec_start,
+        on_snapshot=daemon.metrics.environment_snapshot,
+    )
     daemon.hooks.append(recorder)
     daemon.extra_tasks.append(recorder.run)
     return recorder

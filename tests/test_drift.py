@@ -110,7 +110,13 @@ def _setup(
     daemon = Daemon(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
     )
-    recorder = DriftRecorder(config, EnvironmentLog(store), exec_start=None, snapshotter=env)
+    recorder = DriftRecorder(
+        config,
+        EnvironmentLog(store),
+        exec_start=None,
+        snapshotter=env,
+        on_snapshot=daemon.metrics.environment_snapshot,
+    )
     daemon.hooks.append(recorder)
     return daemon, recorder
 
@@ -163,6 +169,10 @@ class TestDriftRecorder:
         assert [o.drift for o in crashed] == [drift]
         assert store.history()[-1]["drift"] == list(drift)
         assert env.pythons == [Path("/opt/venv/bin/python")] * 2
+        recorded = daemon.metrics.registry.get_sample_value(
+            "vllm_supervisor_environment_snapshots_total", {"unit": UNIT, "outcome": "recorded"}
+        )
+        assert recorded == 2.0
 
     async def test_old_starts_are_not_snapshotted(self, tmp_path: Path, store: Store) -> None:
         """A start read long after it happened is not given today's environment."""
