@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ log = structlog.get_logger(__name__)
 
 SNAPSHOT_TIMEOUT_S = 30.0  # resolving the interpreter and probing it, per start
 CRASH_WAIT_S = 10.0  # how long a crash's outcome waits for its own start's snapshot
+_RECENT_STARTS = 64  # starts remembered by invocation, across all units
 MAX_START_AGE_S = 300.0  # an older start (a journal read from its head) is not snapshotted now
 
 Snapshotter = Callable[[Path, Sequence[str]], EnvSnapshot]
@@ -86,6 +88,8 @@ class DriftRecorder:
         self._max_age_s = max_start_age_s
         self._units = frozenset(u.name for u in config.units)
         self._starts: dict[str, _Start] = {}  # the newest start per unit
+        # Starts by invocation: a backlog holds several starts of a unit before their ends.
+        self._recent: OrderedDict[tuple[str, str], _Start] = OrderedDict()
         self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
         self._stopped = False  # the recorder task has ended: nothing queued will be recorded
 
@@ -102,6 +106,9 @@ class DriftRecorder:
         if start is None or start.invocation_id != invocation_id:
             start = _Start(unit, invocation_id, seen)
             self._starts[unit] = start
+            self._recent[(unit, invocation_id)] = start
+            while len(self._recent) > _RECENT_STARTS:
+                self._recent.popitem(last=False)
             if not self._stopped and self._clock() - seen <= self._max_age_s:
                 self._queue.put_nowait(start)
             else:
@@ -118,12 +125,12 @@ class DriftRecorder:
         inv = outcome.invocation
         if inv.unit not in self._units or inv.unit is None or inv.invocation_id is None:
             return outcome
-        start = self._starts.get(inv.unit)
-        if start is not None and start.invocation_id == inv.invocation_id:
+        start = self._recent.get((inv.unit, inv.invocation_id))
+        if start is not None:
             self._good_if_long(start, inv.started_us, inv.ended_us)
         if not (inv.failed or outcome.verdict.crashed):
             return outcome
-        if start is not None and start.invocation_id == inv.invocation_id:
+        if start is not None:
             try:
                 await asyncio.wait_for(start.recorded.wait(), CRASH_WAIT_S)
             except TimeoutError:
