@@ -112,6 +112,11 @@ class Metrics:
         self._invalid = self._counter(
             "journal_entries_invalid_total", "Journal entries skipped as invalid.", ["reason"]
         )
+        self._cursor_gaps = self._counter(
+            "journal_cursor_gaps_total",
+            "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
+            "oldest entry after it.",
+        )
 
     def _declare_crashes(self) -> None:
         self._crashes = self._counter(
@@ -280,6 +285,10 @@ class Metrics:
     def entry_invalid(self, reason: str) -> None:
         """Count a journal entry that could not be decoded."""
         self._invalid.labels(self._reason(reason, ENTRY_INVALID_REASONS)).inc()
+
+    def cursor_gap(self) -> None:
+        """Count a resume that found the saved cursor's entry vacuumed."""
+        self._cursor_gaps.inc()
 
     def outcome(self, outcome: Outcome, classify_seconds: float) -> None:
         """Record one ended invocation: crash, restart counter, decision, classify time."""

@@ -6,9 +6,12 @@ the supervisor with it. Vector, Filebeat and the OpenTelemetry collector do the 
 
 Resuming: `--after-cursor` combined with `-u` skipped a line before systemd PR #30336 (Dec 2023;
 this machine has 252), so the reader seeks with the inclusive `--cursor` and drops the one entry
-whose cursor equals the saved one. A dead child is restarted with exponential backoff from the
-last entry the caller received, which (batches being handled before the next is requested) is the
-last entry handled.
+whose cursor equals the saved one. When the first entry is another one, the saved entry is gone
+(its file was vacuumed): journalctl 252 then seeks by seqnum, monotonic or realtime time and starts
+at the oldest entry after it, the right place, but the gap is reported, never silent.
+
+A dead child is restarted with exponential backoff from the last entry the caller received, which
+(batches being handled before the next is requested) is the last entry handled.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class JournalctlReader:
         on_restart: Callable[[str], None] | None = None,
         on_invalid: Callable[[int], None] | None = None,
         on_following: Callable[[bool], None] | None = None,
+        on_gap: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.cursor = cursor
@@ -108,6 +112,7 @@ class JournalctlReader:
         self._on_restart = on_restart or (lambda reason: None)
         self._on_following = on_following or (lambda is_following: None)
         self._on_invalid = on_invalid or (lambda count: None)
+        self._on_gap = on_gap or (lambda: None)
         self._process: asyncio.subprocess.Process | None = None
 
     async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
@@ -166,8 +171,9 @@ class JournalctlReader:
         assert process.stdout is not None  # noqa: S101 - created with PIPE above
         parser = ExportParser()
         # --cursor is inclusive: the saved entry comes first again, unless it is to be re-read.
-        skip = None if self._inclusive else self.cursor
-        self._inclusive = False
+        # Read once, --unit can legitimately start after it (the saved entry of another unit).
+        expected = self.cursor if self.settings.follow or not self.settings.units else None
+        inclusive, self._inclusive = self._inclusive, False
         units = frozenset(unit.encode() for unit in self.settings.units)
         stop_wait = asyncio.ensure_future(stop.wait())
         try:
@@ -184,10 +190,13 @@ class JournalctlReader:
                 raw = parser.feed(chunk)
                 if parser.invalid != invalid:
                     self._on_invalid(parser.invalid - invalid)
-                if skip is not None and raw:
-                    if raw[0].get(b"__CURSOR", b"").decode("ascii", "replace") == skip:
+                if expected is not None and raw:
+                    first = raw[0].get(b"__CURSOR", b"").decode("ascii", "replace")
+                    if first != expected:
+                        self._gap(expected, first)
+                    elif not inclusive:
                         raw = raw[1:]
-                    skip = None
+                    expected = None
                 if not raw:
                     continue
                 last = raw[-1].get(b"__CURSOR")
@@ -200,6 +209,19 @@ class JournalctlReader:
                 yield entries
         finally:
             stop_wait.cancel()
+
+    def _gap(self, saved: str, first: str) -> None:
+        """The saved entry is gone: say so once, with how much journal time was skipped."""
+        self._on_gap()
+        saved_us, first_us = cursor_realtime_us(saved), cursor_realtime_us(first)
+        log.warning(
+            "journal_cursor_gap",
+            cursor=saved,
+            resumed_at=first,
+            skipped_s=None if saved_us is None or first_us is None else (first_us - saved_us) / 1e6,
+            error="the saved cursor's entry is no longer in the journal (vacuumed); resuming at "
+            "the oldest entry after it, entries in between may be lost",
+        )
 
     async def _pin_tail(self) -> None:
         """Fix "the tail" now, as a cursor, before announcing that the journal is followed.
@@ -278,6 +300,15 @@ def use_pidfd_child_watcher() -> None:
             policy.set_child_watcher(watcher)
         if getattr(watcher, "_loop", None) is not loop:  # a new loop (asyncio.run, tests)
             watcher.attach_loop(loop)
+
+
+def cursor_realtime_us(cursor: str) -> int | None:
+    """The wall-clock time (`t=`, microseconds) an entry's cursor carries, if readable."""
+    for part in cursor.split(";"):
+        if part.startswith("t="):
+            with contextlib.suppress(ValueError):
+                return int(part[2:], 16)
+    return None
 
 
 def _about(fields: Fields, units: frozenset[bytes]) -> bool:
