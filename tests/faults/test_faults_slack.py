@@ -147,9 +147,12 @@ class TestSlowSlack:
             wait_for(lambda: slack.count() == 1, what="the first (slow) request")
             writer.write(crash("fatal", 2))
             writer.nudge()
-            wait_for(lambda: (tmp_path / QUARANTINE).exists(), timeout=10, what="the halt")
+            wait_for(
+                lambda: (tmp_path / QUARANTINE).exists() and len(classified(state)) == 2,
+                timeout=10,
+                what="the halt and its commit",
+            )
             assert slack.count() == 1, "the journal waited for Slack"
-            assert len(classified(state)) == 2
             wait_for(lambda: len(_notified(state)) == 2, what="both messages delivered")
         assert sup.terminate() == 0, sup.stderr_text()
         texts = [r.json()["text"] for r in slack.requests]
