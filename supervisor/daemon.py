@@ -23,7 +23,7 @@ import structlog
 from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import StateError
-from supervisor.journal.reader import JournalctlReader, ReaderSettings
+from supervisor.journal.reader import JournalctlReader, ReaderSettings, cursor_realtime_us
 from supervisor.metrics import Metrics
 from supervisor.model import Action, JournalEntry, Outcome
 from supervisor.notify.slack import action_taken_for
@@ -131,6 +131,7 @@ class Daemon:
             on_restart=metrics.source_restart,
             on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
             on_following=metrics.following,
+            on_gap=metrics.cursor_gap,
         )
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
@@ -246,8 +247,13 @@ class Daemon:
             self._replay_until = None
             return batch
         for index, entry in enumerate(batch):
+            if _after(entry.cursor, self._replay_until):
+                # The saved entry was vacuumed: this one is new, to be decided, not replayed.
+                self._replay_until = None
+                log.info("replay_done", cursor=entry.cursor)
+                return batch[index:]
             self.pipeline.tracker.feed(entry)
-            if entry.cursor == self._replay_until or _after(entry.cursor, self._replay_until):
+            if entry.cursor == self._replay_until:
                 self._replay_until = None
                 log.info("replay_done", cursor=entry.cursor)
                 return batch[index + 1 :]
@@ -412,13 +418,5 @@ class Daemon:
 
 def _after(cursor: str, saved: str) -> bool:
     """True when `cursor` lies after `saved` in time (used when `saved` was vacuumed)."""
-    a, b = _realtime(cursor), _realtime(saved)
+    a, b = cursor_realtime_us(cursor), cursor_realtime_us(saved)
     return a is not None and b is not None and a > b
-
-
-def _realtime(cursor: str) -> int | None:
-    for part in cursor.split(";"):
-        if part.startswith("t="):
-            with contextlib.suppress(ValueError):
-                return int(part[2:], 16)
-    return None
