@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.generate import UNIT, Encoder, finish_remote, seed_lines, start_remote, stdout_fields
-from supervisor.journal.writer import crashed_invocation, lifecycle
+from supervisor.journal.writer import crashed_invocation, lifecycle, vacuum_files
 from supervisor.model import LifecycleEvent
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,14 +138,7 @@ class Writer:
         if files == self.files_seen or self.keep_files <= 0:
             self.files_seen = files
             return
-        result = subprocess.run(
-            ["journalctl", f"--directory={self.journal}", f"--vacuum-files={self.keep_files}"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        self.vacuumed += sum(line.startswith("Deleted") for line in result.stderr.splitlines())
+        self.vacuumed += len(vacuum_files(self.journal, self.keep_files))
         self.files_seen = len(list(self.journal.glob("*.journal")))
 
     def nudge(self) -> None:

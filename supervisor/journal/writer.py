@@ -164,6 +164,20 @@ class JournalWriter:
         self.close()
 
 
+def vacuum_files(directory: Path, keep_files: int, *, journalctl: str = "journalctl") -> list[str]:
+    """`journalctl --vacuum-files`, as an operator would run it: the names of the files deleted."""
+    result = subprocess.run(
+        [journalctl, f"--directory={directory}", f"--vacuum-files={keep_files}"],
+        capture_output=True,
+        check=True,
+        text=True,
+        timeout=60,
+    )
+    # Each deletion is one line: "Deleted archived journal PATH (SIZE)."
+    deleted = (line for line in result.stderr.splitlines() if line.startswith("Deleted"))
+    return [Path(line.split()[3]).name for line in deleted]
+
+
 def service_lines(
     unit: str, invocation_id: str, lines: Sequence[str], *, pid: int = 4242
 ) -> Iterator[dict[str, FieldValue]]:

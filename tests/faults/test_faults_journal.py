@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,7 @@ from faults.harness import (
     last_cursor,
     saved_cursor,
 )
-from supervisor.journal.writer import FieldValue, JournalWriter, service_lines
+from supervisor.journal.writer import FieldValue, JournalWriter, service_lines, vacuum_files
 
 KIND_OF = {1: "fatal", 2: "transient", 3: "unknown", 4: "fatal", 5: "transient", 6: "unknown"}
 GAPS = "vllm_supervisor_journal_cursor_gaps_total"
@@ -28,23 +27,6 @@ GAPS = "vllm_supervisor_journal_cursor_gaps_total"
 
 def _ids(serials: list[int]) -> list[str]:
     return [f"{n:032x}" for n in serials]
-
-
-def _vacuum(journal: Path, keep_files: int) -> list[str]:
-    """`journalctl --vacuum-files`: deletes the oldest archived files, as an operator would."""
-    result = subprocess.run(
-        ["journalctl", f"--directory={journal}", f"--vacuum-files={keep_files}"],
-        capture_output=True,
-        check=True,
-        text=True,
-        timeout=30,
-    )
-    return [line for line in result.stderr.splitlines() if line.startswith("Deleted")]
-
-
-def _deleted(lines: list[str]) -> list[str]:
-    """File names from journalctl's "Deleted archived journal PATH (SIZE)." lines."""
-    return [Path(line.split()[3]).name for line in lines]
 
 
 def _metric(sup: Supervisor, name: str) -> float:
@@ -101,13 +83,13 @@ class TestRotationWhileFollowing:
             writer.write(crash(KIND_OF[3], 3))
             _wait_classified(state, writer, 3)
             # Old files go while the follower has them open.
-            assert [first.name] == _deleted(_vacuum(journal, keep_files=1))
+            assert [first.name] == vacuum_files(journal, keep_files=1)
             writer.write(crash(KIND_OF[4], 4))
             _wait_classified(state, writer, 4)
             second_file = writer.rotate()
             writer.write(crash(KIND_OF[5], 5))
             _wait_classified(state, writer, 5)
-            assert [second_file.name] == _deleted(_vacuum(journal, keep_files=1))
+            assert [second_file.name] == vacuum_files(journal, keep_files=1)
             writer.write(crash(KIND_OF[6], 6))
             _wait_classified(state, writer, 6)
             assert [p.name for p in journal.iterdir()] == ["remote.journal"]
@@ -150,7 +132,7 @@ class TestVacuumedCursor:
             cursor = saved_cursor(state)
             writer.rotate()
             writer.write(third)
-            assert len(_vacuum(journal, keep_files=1)) == 1
+            assert len(vacuum_files(journal, keep_files=1)) == 1
             sup.start()
             wait_for(lambda: _events(sup, "journal_cursor_gap"), what="the gap warning")
             writer.write(crash(KIND_OF[4], 4))
