@@ -121,9 +121,11 @@ def _state_health(daemon: Daemon) -> HealthCheck:
     """Healthy while every handled batch has reached the state database."""
 
     def check() -> tuple[bool, dict[str, Any]]:
-        pending = len(daemon.state.pending)
+        pending, error = len(daemon.state.pending), daemon.state.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
-        return not pending, {
+        if error is not None:
+            reasons.append(f"state database not writable: {error}")
+        return not reasons, {
             "state_errors": daemon.state.state_errors,
             "pending_commits": pending,
             "reasons": reasons,

@@ -247,8 +247,11 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(
             f"{item['time']}  {item['unit']}  {item['invocation_id'] or '-'}  "
             f"{verdict['severity']:9} {verdict['signature'] or '-':32} "
-            f"{decision['action']:13} notified={item['notified']}\n    {verdict['root_cause']}"
+            f"{decision['action']:13} notified={item['notified']}"
+            f"{'  engine hung' if item.get('hung') else ''}\n    {verdict['root_cause']}"
         )
+        if item.get("drift"):
+            print(f"    changed since the last good start: {'; '.join(item['drift'])}")
     return 0
 
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import structlog
@@ -23,7 +23,7 @@ import structlog
 from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import StateError
-from supervisor.journal.reader import JournalctlReader, ReaderSettings
+from supervisor.journal.reader import JournalctlReader, ReaderSettings, cursor_realtime_us
 from supervisor.metrics import Metrics
 from supervisor.model import Action, JournalEntry, Outcome
 from supervisor.notify.slack import action_taken_for
@@ -34,6 +34,7 @@ from supervisor.store import Checkpoint, Store, Writer
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 8.0
+COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
 
 
 class Halting(Protocol):
@@ -50,6 +51,8 @@ class Notifying(Protocol):
     async def run(self, stop: asyncio.Event) -> None: ...
 
     def wake(self) -> None: ...
+
+    def hold(self, outcome: Outcome, *, action_taken: str) -> None: ...
 
 
 class BatchHook(Protocol):
@@ -82,6 +85,7 @@ class DaemonState:
     last_verdict: str = "none yet"
     state_errors: int = 0
     pending: list[Outcome] = field(default_factory=list)
+    commit_error: str | None = None  # why the last commit failed; None once one succeeds
 
 
 class Daemon:
@@ -115,6 +119,7 @@ class Daemon:
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
+        self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
             config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
@@ -126,6 +131,7 @@ class Daemon:
             on_restart=metrics.source_restart,
             on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
             on_following=metrics.following,
+            on_gap=metrics.cursor_gap,
         )
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
@@ -159,6 +165,7 @@ class Daemon:
             tasks.create_task(self._watch_reload(stop, reload))
             tasks.create_task(self._announce_ready(stop))
             tasks.create_task(self._settle(stop))
+            tasks.create_task(self._retry_commits(stop))
             if self.notifier is not None:
                 tasks.create_task(self.notifier.run(stop))
             for extra in self.extra_tasks:
@@ -189,8 +196,7 @@ class Daemon:
         self.metrics.entries_read(len(batch))
         if batch:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
-        for outcome in outcomes:
-            await self._act(outcome)
+        outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
         if outcomes and self.notifier is not None:
             self.notifier.wake()
@@ -222,8 +228,7 @@ class Daemon:
     async def handle_outcomes(self, outcomes: list[Outcome]) -> None:
         """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`."""
         outcomes = await self._enrich(outcomes)
-        for outcome in outcomes:
-            await self._act(outcome)
+        outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
         if outcomes and self.notifier is not None:
             self.notifier.wake()
@@ -243,14 +248,20 @@ class Daemon:
             self._replay_until = None
             return batch
         for index, entry in enumerate(batch):
+            if _after(entry.cursor, self._replay_until):
+                # The saved entry was vacuumed: this one is new, to be decided, not replayed.
+                self._replay_until = None
+                log.info("replay_done", cursor=entry.cursor)
+                return batch[index:]
             self.pipeline.tracker.feed(entry)
-            if entry.cursor == self._replay_until or _after(entry.cursor, self._replay_until):
+            if entry.cursor == self._replay_until:
                 self._replay_until = None
                 log.info("replay_done", cursor=entry.cursor)
                 return batch[index + 1 :]
         return []
 
-    async def _act(self, outcome: Outcome) -> None:
+    async def _act(self, outcome: Outcome) -> Outcome:
+        """Log and carry out the decision; the outcome as recorded (a failed stop noted)."""
         self.state.outcomes += 1
         verdict, decision = outcome.verdict, outcome.decision
         self.state.last_verdict = (
@@ -270,22 +281,33 @@ class Daemon:
         if decision.action is Action.HALT:
             self.state.halts += 1
             if self.halter is not None:
-                await self._halt(outcome)
+                outcome = await self._halt(outcome)
         self._report_status()
+        return outcome
 
-    async def _halt(self, outcome: Outcome) -> None:
+    async def _halt(self, outcome: Outcome) -> Outcome:
         assert self.halter is not None  # noqa: S101 - checked by the caller
         unit = outcome.invocation.unit or "unknown"
         result = await self.halter.halt(outcome, dry_run=outcome.decision.dry_run)
         if outcome.decision.dry_run:
-            return
+            return outcome
         error = getattr(result, "error", None)
         if error is not None:
-            self.metrics.halt_failed(unit, getattr(error, "reason", "dbus_error"))
-            return
+            reason = getattr(error, "reason", "dbus_error")
+            self.metrics.halt_failed(unit, reason)
+            # History and the Slack message say so: the decision stands, the stop did not
+            # happen (the quarantine record, when written, still keeps the next start off).
+            gate = "quarantined" if getattr(result, "quarantined", None) else "NOT quarantined"
+            note = f"; stop failed ({reason}), {gate}: {error}"
+            if getattr(result, "quarantined", None):
+                self.metrics.units_halted(unit, True)
+            return replace(
+                outcome, decision=replace(outcome.decision, reason=outcome.decision.reason + note)
+            )
         reason = "unknown_repeat" if outcome.verdict.signature is None else "fatal_signature"
         self.metrics.halt(unit, reason, float(getattr(result, "latency_s", 0.0)))
         self.metrics.units_halted(unit, True)
+        return outcome
 
     def _commit(self, outcomes: list[Outcome]) -> None:
         self.state.pending += outcomes
@@ -307,13 +329,52 @@ class Daemon:
                 extra=writers,
             )
         except StateError as exc:
-            # Keep classifying and halting; the outcomes are committed with the next batch.
-            self.state.state_errors += 1
-            self.metrics.state_error("commit_failed")
-            log.error("state_commit_failed", error=str(exc), pending=len(self.state.pending))
+            self._commit_failed(exc)
             return
+        if self.state.commit_error is not None:
+            log.info("state_commit_recovered", committed=len(self.state.pending))
+            self.state.commit_error = None
         self.checkpoint = checkpoint
         self.state.pending = []
+
+    def _commit_failed(self, exc: StateError) -> None:
+        """Keep classifying, halting and alerting; hold the batch and retry its commit.
+
+        The cursor does not move, so nothing is lost even if the daemon dies meanwhile: the
+        batch is read again. The error is logged once per outage, counted every time.
+        """
+        self.state.state_errors += 1
+        self.metrics.state_error("commit_failed")
+        if self.state.commit_error is None:
+            log.error(
+                "state_commit_failed",
+                error=str(exc),
+                pending=len(self.state.pending),
+                action="still classifying, halting and alerting; retrying the commit",
+            )
+        self.state.commit_error = str(exc)
+        self._uncommitted.set()
+        if self.notifier is not None:
+            for outcome in self.state.pending:
+                self.notifier.hold(outcome, action_taken=action_taken_for(outcome.decision))
+
+    async def _retry_commits(self, stop: asyncio.Event) -> None:
+        """Retry a failed commit with capped backoff, also while the journal is quiet."""
+        delay = COMMIT_RETRY_S
+        while not stop.is_set():
+            if self.state.commit_error is None:
+                delay = COMMIT_RETRY_S
+                self._uncommitted.clear()
+                await first_of(self._uncommitted.wait(), stop.wait())
+                continue
+            await first_of(stop.wait(), at_most_s=delay)
+            delay = min(delay * 2, self.config.state.commit_retry_max_s)
+            async with self.lock:
+                if self.state.commit_error is not None and not stop.is_set():
+                    had = bool(self.state.pending)
+                    self._commit([])
+                    if had and self.notifier is not None:
+                        self.notifier.wake()
 
     async def _announce_ready(self, stop: asyncio.Event) -> None:
         await first_of(self.reader.following.wait(), stop.wait())
@@ -358,13 +419,5 @@ class Daemon:
 
 def _after(cursor: str, saved: str) -> bool:
     """True when `cursor` lies after `saved` in time (used when `saved` was vacuumed)."""
-    a, b = _realtime(cursor), _realtime(saved)
+    a, b = cursor_realtime_us(cursor), cursor_realtime_us(saved)
     return a is not None and b is not None and a > b
-
-
-def _realtime(cursor: str) -> int | None:
-    for part in cursor.split(";"):
-        if part.startswith("t="):
-            with contextlib.suppress(ValueError):
-                return int(part[2:], 16)
-    return None

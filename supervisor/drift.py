@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ log = structlog.get_logger(__name__)
 
 SNAPSHOT_TIMEOUT_S = 30.0  # resolving the interpreter and probing it, per start
 CRASH_WAIT_S = 10.0  # how long a crash's outcome waits for its own start's snapshot
+_RECENT_STARTS = 64  # starts remembered by invocation, across all units
 MAX_START_AGE_S = 300.0  # an older start (a journal read from its head) is not snapshotted now
 
 Snapshotter = Callable[[Path, Sequence[str]], EnvSnapshot]
@@ -75,8 +77,10 @@ class DriftRecorder:
         snapshotter: Snapshotter = snapshot,
         clock: Callable[[], float] = time.time,
         max_start_age_s: float = MAX_START_AGE_S,
+        on_snapshot: Callable[[str, str], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_snapshot = on_snapshot or (lambda unit, outcome: None)
         self.envlog = envlog
         self._exec_start = exec_start
         self._snapshotter = snapshotter
@@ -84,6 +88,8 @@ class DriftRecorder:
         self._max_age_s = max_start_age_s
         self._units = frozenset(u.name for u in config.units)
         self._starts: dict[str, _Start] = {}  # the newest start per unit
+        # Starts by invocation: a backlog holds several starts of a unit before their ends.
+        self._recent: OrderedDict[tuple[str, str], _Start] = OrderedDict()
         self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
         self._stopped = False  # the recorder task has ended: nothing queued will be recorded
 
@@ -100,6 +106,9 @@ class DriftRecorder:
         if start is None or start.invocation_id != invocation_id:
             start = _Start(unit, invocation_id, seen)
             self._starts[unit] = start
+            self._recent[(unit, invocation_id)] = start
+            while len(self._recent) > _RECENT_STARTS:
+                self._recent.popitem(last=False)
             if not self._stopped and self._clock() - seen <= self._max_age_s:
                 self._queue.put_nowait(start)
             else:
@@ -116,12 +125,12 @@ class DriftRecorder:
         inv = outcome.invocation
         if inv.unit not in self._units or inv.unit is None or inv.invocation_id is None:
             return outcome
-        start = self._starts.get(inv.unit)
-        if start is not None and start.invocation_id == inv.invocation_id:
+        start = self._recent.get((inv.unit, inv.invocation_id))
+        if start is not None:
             self._good_if_long(start, inv.started_us, inv.ended_us)
         if not (inv.failed or outcome.verdict.crashed):
             return outcome
-        if start is not None and start.invocation_id == inv.invocation_id:
+        if start is not None:
             try:
                 await asyncio.wait_for(start.recorded.wait(), CRASH_WAIT_S)
             except TimeoutError:
@@ -175,14 +184,17 @@ class DriftRecorder:
                 python = await self._python(start.unit)
                 if python is None:
                     log.info("drift_no_interpreter", unit=start.unit)
+                    self._on_snapshot(start.unit, "no_interpreter")
                     return
                 snap = await asyncio.to_thread(
                     self._snapshotter, python, self.config.drift.packages
                 )
             self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
             log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
+            self._on_snapshot(start.unit, "recorded")
         except (ProbeError, SystemdError, StateError, TimeoutError) as exc:
             log.warning("drift_snapshot_failed", unit=start.unit, error=str(exc) or "timeout")
+            self._on_snapshot(start.unit, "failed")
         finally:
             start.recorded.set()
 
@@ -205,7 +217,12 @@ def install(
     daemon: Daemon, envlog: EnvironmentLog, *, exec_start: ExecStart | None
 ) -> DriftRecorder:
     """Add drift recording to `daemon`: its batch hook and its recorder task."""
-    recorder = DriftRecorder(daemon.config, envlog, exec_start=exec_start)
+    recorder = DriftRecorder(
+        daemon.config,
+        envlog,
+        exec_start=exec_start,
+        on_snapshot=daemon.metrics.environment_snapshot,
+    )
     daemon.hooks.append(recorder)
     daemon.extra_tasks.append(recorder.run)
     return recorder

@@ -241,6 +241,7 @@ class HangWatcher:
             death_line=noted[1],
             action=outcome.decision.action.value,
         )
+        self.daemon.metrics.engine_hung(unit, outcome.decision.action)
         await self._restart_if_allowed(unit, outcome)
         await self.daemon.handle_outcomes([outcome])
         return outcome

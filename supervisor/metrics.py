@@ -54,6 +54,8 @@ HALT_FAILED_REASONS = (
     "other",
 )
 STATE_ERROR_REASONS = ("commit_failed", "read", "write", "other")
+SNAPSHOT_OUTCOMES = ("recorded", "failed", "no_interpreter")
+"""Values of the `outcome` label of `vllm_supervisor_environment_snapshots_total`."""
 MAX_UNITS = 64  # a unit seen in the journal but never registered is accepted up to this many
 
 # A code-defined reason: short snake_case. Everything else is folded into "other".
@@ -110,6 +112,11 @@ class Metrics:
         self._invalid = self._counter(
             "journal_entries_invalid_total", "Journal entries skipped as invalid.", ["reason"]
         )
+        self._cursor_gaps = self._counter(
+            "journal_cursor_gaps_total",
+            "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
+            "oldest entry after it.",
+        )
 
     def _declare_crashes(self) -> None:
         self._crashes = self._counter(
@@ -154,6 +161,16 @@ class Metrics:
         )
         self._halted = self._gauge(
             "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
+        )
+        self._hung = self._counter(
+            "hung_engines_total",
+            "Invocations closed as hung (engine dead, unit still active), by the action taken.",
+            ["unit", "action"],
+        )
+        self._snapshots = self._counter(
+            "environment_snapshots_total",
+            "Environment snapshots at unit starts, by outcome (for drift reports).",
+            ["unit", "outcome"],
         )
         self._notifications = self._counter(
             "notifications_total", "Slack notifications by outcome.", ["outcome"]
@@ -221,6 +238,10 @@ class Metrics:
             self._halts.labels(unit, reason)
         for reason in HALT_FAILED_REASONS:
             self._halt_failures.labels(unit, reason)
+        for action in Action:
+            self._hung.labels(unit, action.value)
+        for snapshot in SNAPSHOT_OUTCOMES:
+            self._snapshots.labels(unit, snapshot)
 
     # -- the daemon's calls ---------------------------------------------------------------------
 
@@ -265,6 +286,10 @@ class Metrics:
         """Count a journal entry that could not be decoded."""
         self._invalid.labels(self._reason(reason, ENTRY_INVALID_REASONS)).inc()
 
+    def cursor_gap(self) -> None:
+        """Count a resume that found the saved cursor's entry vacuumed."""
+        self._cursor_gaps.inc()
+
     def outcome(self, outcome: Outcome, classify_seconds: float) -> None:
         """Record one ended invocation: crash, restart counter, decision, classify time."""
         inv, verdict, decision = outcome.invocation, outcome.verdict, outcome.decision
@@ -291,6 +316,15 @@ class Metrics:
         self._halt_failures.labels(
             self._unit(unit), self._reason(reason, HALT_FAILED_REASONS)
         ).inc()
+
+    def engine_hung(self, unit: str, action: Action) -> None:
+        """Count an invocation closed as hung, with the action the policy chose."""
+        self._hung.labels(self._unit(unit), action.value).inc()
+
+    def environment_snapshot(self, unit: str, outcome: str) -> None:
+        """Count an environment snapshot at a start: recorded, failed or no_interpreter."""
+        label = outcome if outcome in SNAPSHOT_OUTCOMES else OTHER
+        self._snapshots.labels(self._unit(unit), label).inc()
 
     def units_halted(self, unit: str, halted: bool) -> None:
         """Set whether a unit is quarantined (at start-up, on halt, on release)."""

@@ -18,6 +18,8 @@ from urllib.parse import quote, unquote
 
 import structlog
 
+from supervisor.private import make_dirs
+
 _log = structlog.get_logger(__name__)
 
 FILE_MODE = 0o640
@@ -115,7 +117,7 @@ class Quarantine:
         return records
 
     def _ensure_directory(self) -> None:
-        self.directory.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        make_dirs(self.directory, DIR_MODE)  # parents too: never world-writable
         self.directory.chmod(DIR_MODE)
 
     def _fsync_directory(self) -> None:

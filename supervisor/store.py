@@ -20,6 +20,7 @@ from typing import Any
 
 from supervisor.errors import StateError
 from supervisor.model import Outcome
+from supervisor.private import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
 
@@ -60,7 +61,11 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            make_dirs(path.parent)
+            # SQLite gives the -wal and -shm files the mode of the database file itself.
+            for suffix in ("", "-wal", "-shm"):
+                if not suffix or Path(f"{path}{suffix}").exists():
+                    private_file(Path(f"{path}{suffix}"))
             self.connection = sqlite3.connect(path, isolation_level=None, timeout=10)
             self.connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed cursor survives power loss, not only a crash of the process.

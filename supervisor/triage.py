@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from supervisor.config import Config
-from supervisor.errors import JournalError
+from supervisor.environment import EnvironmentLog
+from supervisor.errors import JournalError, SupervisorError
 from supervisor.journal.export import ExportParser, Fields, decode
 from supervisor.journal.reader import ReaderSettings, read_all
 from supervisor.model import Action, Invocation, JournalEntry, LogLine, Outcome
 from supervisor.pipeline import Pipeline
 from supervisor.signatures import SignatureTable
+from supervisor.store import DATABASE_NAME, Store
 
 JOURNAL_FILE_MAGIC = b"LPKSHHRH"
 
@@ -35,7 +37,7 @@ def triage(
     out: TextIO = sys.stdout,
 ) -> int:
     """Classify `source` and print the outcomes; 0 when it ran."""
-    outcomes = collect(source, config=config, table=table)
+    outcomes = with_drift(collect(source, config=config, table=table), config.state.state_dir)
     if output_format == "json":
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
         out.write("\n")
@@ -60,6 +62,38 @@ def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outco
     entries = _decode_json(data) if kind == "json" else _decode_export(data)
     outcomes = pipeline.feed(entries)
     return _reported(outcomes + pipeline.finish())
+
+
+def with_drift(outcomes: Sequence[Outcome], state_dir: Path) -> list[Outcome]:
+    """The outcomes, each crash with what changed since its unit's last good start.
+
+    The environments are the ones the daemon recorded on this host (its state database); a
+    journal from elsewhere, or a database that cannot be read, leaves the outcomes as they are.
+    """
+    if not (state_dir / DATABASE_NAME).exists():
+        return list(outcomes)  # opening it would create it; the daemon owns that
+    try:
+        store = Store.in_directory(state_dir)
+    except SupervisorError:
+        return list(outcomes)
+    try:
+        envlog = EnvironmentLog(store)
+        return [_drift_of(o, envlog) for o in outcomes]
+    finally:
+        store.close()
+
+
+def _drift_of(outcome: Outcome, envlog: EnvironmentLog) -> Outcome:
+    inv = outcome.invocation
+    if inv.unit is None or inv.invocation_id is None or outcome.drift:
+        return outcome
+    try:
+        changes = envlog.changes_since_last_good(inv.unit, inv.invocation_id)
+    except SupervisorError:
+        return outcome
+    if not changes:
+        return outcome
+    return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
 
 
 def sniff(data: bytes) -> str:
@@ -108,6 +142,10 @@ def _render_one(outcome: Outcome) -> str:
         rows.append(f"  remediation: {verdict.remediation}")
     if verdict.fingerprint:
         rows.append(f"  fingerprint: {verdict.fingerprint}")
+    if outcome.drift:
+        rows.append(f"  changed:     since the last good start: {'; '.join(outcome.drift)}")
+    if inv.hung:
+        rows.append("  engine hung: it logged its death and stayed up until the grace period ended")
     rows += [f"  note:        {note}" for note in verdict.notes]
     rows.append(f"  decision:    {decision.action.value.upper()}: {decision.reason}")
     return "\n".join(rows) + "\n"

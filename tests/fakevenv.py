@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.demo import site_packages, write_dist
+
 Dist = tuple[str, str, Sequence[str]]  # name, version, Requires-Dist lines
 
 # Venv name -> its distributions.
@@ -65,23 +67,9 @@ _CACHE: dict[int, Venvs] = {}
 def make_venv(root: Path, dists: Sequence[Dist]) -> Path:
     """Create a venv at `root` holding `dists`; return its `bin/python`."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = root / "lib" / version / "site-packages"
     for name, dist_version, requires in dists:
-        write_dist(site, name, dist_version, requires)
+        write_dist(site_packages(root), name, dist_version, requires)
     return root / "bin" / "python"
-
-
-def write_dist(site: Path, name: str, version: str, requires: Sequence[str] = ()) -> None:
-    """Write the dist-info directory pip would leave for `name` `version`."""
-    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(parents=True)
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
-    lines += [f"Requires-Dist: {r}" for r in requires]
-    (info / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (info / "INSTALLER").write_text("pip\n", encoding="utf-8")
-    record = [f"{info.name}/{f},," for f in ("METADATA", "INSTALLER", "RECORD")]
-    (info / "RECORD").write_text("\n".join(record) + "\n", encoding="utf-8")
 
 
 def session_venvs(factory: pytest.TempPathFactory) -> Venvs:

@@ -1,14 +1,18 @@
 """A loopback HTTP server standing in for Slack's incoming webhooks.
 
 It records every request and answers from a script (a queue of replies; 200 "ok" once the
-script is empty). It can be stopped and started again on the same port, which is how tests
-simulate Slack being down.
+script is empty), optionally after a delay (a slow Slack). It can be stopped and started again
+on the same port, which is how tests simulate Slack being down, and can serve HTTPS with a
+given certificate (an untrusted one, for TLS errors).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import ssl
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +29,7 @@ class Reply:
     status: int = 200
     body: str = "ok"
     headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0  # answer this much later (the request is recorded on arrival)
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class Request:
 class SlackServer:
     """A threaded HTTP server on 127.0.0.1 that records requests and replies from a script."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, tls: ssl.SSLContext | None = None) -> None:
         self.port = port
+        self.tls = tls
         self.script: deque[Reply] = deque()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -54,12 +60,15 @@ class SlackServer:
     @property
     def url(self) -> str:
         """The webhook URL, secret path included."""
-        return f"http://127.0.0.1:{self.port}{WEBHOOK_PATH}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{WEBHOOK_PATH}"
 
     def start(self) -> None:
         """Listen (on the same port as before, after a stop)."""
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
         self._server.daemon_threads = True
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -99,6 +108,7 @@ class SlackServer:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = self.rfile.read(length)
                 reply = server._record(Request(self.path, dict(self.headers), body))
+                time.sleep(reply.delay_s)  # a slow server, not synchronisation
                 data = reply.body.encode()
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
@@ -110,5 +120,10 @@ class SlackServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 """Silence the default stderr access log."""
+
+            def handle(self) -> None:
+                """A client that hung up early (a timeout, a cut body) is not an error here."""
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError, ssl.SSLError):
+                    super().handle()
 
         return Handler

@@ -22,6 +22,7 @@ from supervisor.metrics import Metrics, new_registry
 from supervisor.model import JournalEntry, LifecycleEvent, Outcome
 from supervisor.notify.slack import build_payload
 from supervisor.store import Store
+from supervisor.triage import render_text, with_drift
 
 UNIT = "vllm.service"
 FATAL = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)."
@@ -110,7 +111,13 @@ def _setup(
     daemon = Daemon(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
     )
-    recorder = DriftRecorder(config, EnvironmentLog(store), exec_start=None, snapshotter=env)
+    recorder = DriftRecorder(
+        config,
+        EnvironmentLog(store),
+        exec_start=None,
+        snapshotter=env,
+        on_snapshot=daemon.metrics.environment_snapshot,
+    )
     daemon.hooks.append(recorder)
     return daemon, recorder
 
@@ -163,6 +170,16 @@ class TestDriftRecorder:
         assert [o.drift for o in crashed] == [drift]
         assert store.history()[-1]["drift"] == list(drift)
         assert env.pythons == [Path("/opt/venv/bin/python")] * 2
+        recorded = daemon.metrics.registry.get_sample_value(
+            "vllm_supervisor_environment_snapshots_total", {"unit": UNIT, "outcome": "recorded"}
+        )
+        assert recorded == 2.0
+        # `triage` of the same crash on this host finds the change in the daemon's database.
+        bare = [dataclasses.replace(o, drift=()) for o in crashed]
+        assert [o.drift for o in with_drift(bare, tmp_path / "state")] == [drift]
+        assert render_text(with_drift(bare, tmp_path / "state")).count("0.6.3 → 0.6.4") == len(
+            [d for d in drift if "0.6.4" in d]
+        )
 
     async def test_old_starts_are_not_snapshotted(self, tmp_path: Path, store: Store) -> None:
         """A start read long after it happened is not given today's environment."""

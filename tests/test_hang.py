@@ -331,3 +331,8 @@ async def test_daemon_records_a_hung_engine_on_a_real_journal(tmp_path: Path, st
     assert record["hung"] is True
     assert record["decision"]["action"] in ("allow-restart", "halt")
     assert "EngineCore" in (record["verdict"]["root_cause"] or "")
+    hung = daemon.metrics.registry.get_sample_value(
+        "vllm_supervisor_hung_engines_total",
+        {"unit": UNIT, "action": record["decision"]["action"]},
+    )
+    assert hung == 1.0

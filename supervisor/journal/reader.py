@@ -12,9 +12,12 @@ cursors, the skip of the resumed entry and restarts are shared; `ReaderSettings.
 
 Resuming: `--after-cursor` combined with `-u` skipped a line before systemd PR #30336 (Dec 2023;
 this machine has 252), so the reader seeks with the inclusive `--cursor` and drops the one entry
-whose cursor equals the saved one. A dead child is restarted with exponential backoff from the
-last entry the caller received, which (batches being handled before the next is requested) is the
-last entry handled.
+whose cursor equals the saved one. When the first entry is another one, the saved entry is gone
+(its file was vacuumed): journalctl 252 then seeks by seqnum, monotonic or realtime time and starts
+at the oldest entry after it, the right place, but the gap is reported, never silent.
+
+A dead child is restarted with exponential backoff from the last entry the caller received, which
+(batches being handled before the next is requested) is the last entry handled.
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class JournalctlReader:
         on_restart: Callable[[str], None] | None = None,
         on_invalid: Callable[[int], None] | None = None,
         on_following: Callable[[bool], None] | None = None,
+        on_gap: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.cursor = cursor
@@ -178,6 +182,7 @@ class JournalctlReader:
         self._on_restart = on_restart or (lambda reason: None)
         self._on_following = on_following or (lambda is_following: None)
         self._on_invalid = on_invalid or (lambda count: None)
+        self._on_gap = on_gap or (lambda: None)
         self._process: asyncio.subprocess.Process | None = None
 
     async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
@@ -237,8 +242,9 @@ class JournalctlReader:
         assert process.stdout is not None  # noqa: S101 - created with PIPE above
         decoder = self._decoder()
         # --cursor is inclusive: the saved entry comes first again, unless it is to be re-read.
-        skip = None if self._inclusive else self.cursor
-        self._inclusive = False
+        # Read once, --unit can legitimately start after it (the saved entry of another unit).
+        expected = self.cursor if self.settings.follow or not self.settings.units else None
+        inclusive, self._inclusive = self._inclusive, False
         stop_wait = asyncio.ensure_future(stop.wait())
         try:
             while True:
@@ -254,12 +260,15 @@ class JournalctlReader:
                 entries, first, last = decoder.feed(chunk)
                 if decoder.invalid != invalid:
                     self._on_invalid(decoder.invalid - invalid)
-                if skip is not None and first is not None:
+                if expected is not None and first is not None:
                     # `first` is the entry the cursor seek landed on (the native child reports
                     # it even when it is another unit's): the saved one, unless it was vacuumed.
-                    if entries and entries[0].cursor == skip:
+                    landed = first.decode("ascii", "replace")
+                    if landed != expected:
+                        self._gap(expected, landed)
+                    elif not inclusive and entries and entries[0].cursor == expected:
                         entries = entries[1:]
-                    skip = None
+                    expected = None
                 if first is None:
                     continue
                 if last is not None:
@@ -275,6 +284,19 @@ class JournalctlReader:
             return LineParser(max_chars)  # the child matched the units already
         units = self.settings.units if self.settings.follow else ()
         return _ExportDecoder(max_chars, frozenset(unit.encode() for unit in units))
+
+    def _gap(self, saved: str, first: str) -> None:
+        """The saved entry is gone: say so once, with how much journal time was skipped."""
+        self._on_gap()
+        saved_us, first_us = cursor_realtime_us(saved), cursor_realtime_us(first)
+        log.warning(
+            "journal_cursor_gap",
+            cursor=saved,
+            resumed_at=first,
+            skipped_s=None if saved_us is None or first_us is None else (first_us - saved_us) / 1e6,
+            error="the saved cursor's entry is no longer in the journal (vacuumed); resuming at "
+            "the oldest entry after it, entries in between may be lost",
+        )
 
     async def _pin_tail(self) -> None:
         """Fix "the tail" now, as a cursor, before announcing that the journal is followed.
@@ -376,6 +398,15 @@ class _ExportDecoder:
         if self._units:
             raw = [fields for fields in raw if _about(fields, self._units)]
         return decode_all(raw, max_chars=self._max_chars), first, last
+
+
+def cursor_realtime_us(cursor: str) -> int | None:
+    """The wall-clock time (`t=`, microseconds) an entry's cursor carries, if readable."""
+    for part in cursor.split(";"):
+        if part.startswith("t="):
+            with contextlib.suppress(ValueError):
+                return int(part[2:], 16)
+    return None
 
 
 def _about(fields: Fields, units: frozenset[bytes]) -> bool:

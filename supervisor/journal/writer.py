@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import time
 import uuid
@@ -22,6 +23,11 @@ from supervisor.model import LifecycleEvent
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 FieldValue = str | bytes | int
+# The header of a journal file (systemd's journal-def.h): seqnum_id at byte 72, head_entry_seqnum
+# at 168 and head_entry_realtime at 184; `state` at 16 (2 = archived).
+_HEADER = struct.Struct("<72x16s80xQ8xQ")
+_STATE_OFFSET = 16
+_STATE_ARCHIVED = 2
 
 
 def export_entry(fields: Mapping[str, FieldValue]) -> bytes:
@@ -75,8 +81,12 @@ class JournalWriter:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.factory = factory or EntryFactory()
-        self._process = subprocess.Popen(
-            [binary, f"--output={directory / 'remote.journal'}", "-"],
+        self._binary = binary
+        self._process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [self._binary, f"--output={self.directory / 'remote.journal'}", "-"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -106,6 +116,33 @@ class JournalWriter:
         if path.exists():
             os.truncate(path, path.stat().st_size)
 
+    def rotate(self) -> Path:
+        """Archive the active file under journald's name for it and go on in a fresh one.
+
+        journald rotates by renaming the file to `<name>@<seqnum id>-<head seqnum>-<head
+        realtime>.journal` (the name `journalctl --vacuum-*` recognises) and opening a new one;
+        here journal-remote finishes the file, it is renamed and marked archived, and a new
+        journal-remote starts. The entry factory carries on, so the clocks never go back.
+        """
+        self.close()
+        active = self.directory / "remote.journal"
+        with active.open("r+b") as journal:
+            header = journal.read(_HEADER.size)
+            seqnum_id, head_seqnum, head_realtime = _HEADER.unpack(header)
+            journal.seek(_STATE_OFFSET)
+            journal.write(bytes([_STATE_ARCHIVED]))
+        name = f"remote@{seqnum_id.hex()}-{head_seqnum:016x}-{head_realtime:016x}.journal"
+        archived = self.directory / name
+        active.rename(archived)
+        self._process = self._start()
+        # journal-remote creates its file as it starts: wait, so a vacuum right after counts it.
+        deadline = time.monotonic() + 10
+        while not active.exists() and self._process.poll() is None:
+            if time.monotonic() > deadline:
+                raise JournalError(f"journal-remote created no {active}")
+            time.sleep(0.005)
+        return archived
+
     def close(self) -> None:
         """Finish the file: journal-remote writes everything and exits on EOF."""
         if self._process.stdin is not None and not self._process.stdin.closed:
@@ -125,6 +162,20 @@ class JournalWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def vacuum_files(directory: Path, keep_files: int, *, journalctl: str = "journalctl") -> list[str]:
+    """`journalctl --vacuum-files`, as an operator would run it: the names of the files deleted."""
+    result = subprocess.run(
+        [journalctl, f"--directory={directory}", f"--vacuum-files={keep_files}"],
+        capture_output=True,
+        check=True,
+        text=True,
+        timeout=60,
+    )
+    # Each deletion is one line: "Deleted archived journal PATH (SIZE)."
+    deleted = (line for line in result.stderr.splitlines() if line.startswith("Deleted"))
+    return [Path(line.split()[3]).name for line in deleted]
 
 
 def service_lines(

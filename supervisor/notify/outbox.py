@@ -7,11 +7,28 @@ message sent, and survives supervisor restarts: each crash is announced once. (O
 the supervisor between Slack's 200 and that commit can repeat a message: at-least-once at the
 wire, exactly-once in the database.)
 
+While the database cannot be written (disk full), alerting goes on from memory: a 200 whose
+"sent" cannot be recorded is kept in memory (that message is not sent again) and recorded once
+the database takes writes; a crash whose batch could not be committed is `hold()`-en by the
+daemon and announced from memory, and the batch commit that finally records it records the
+message as already sent. Both are exactly-once while the process lives, and at-least-once
+across a crash of the supervisor during the outage (the batch is then read again and its crash
+announced again): the only alternative is at-most-once, silence until the disk is fixed.
+
 Transient crashes of one unit+signature are grouped: the first is announced at once, later ones
 are folded into one message per `group_interval_s` that carries their count (Alertmanager's
 group_wait=0 / group_interval). Delivery is paced to one message per `min_interval_s`, retried
 with capped exponential backoff and jitter, honours Slack's Retry-After, and gives up after
 `max_attempts` (Alertmanager's RetryStage, with a cap on attempts as well as time).
+
+Backoff holds the *endpoint*, not the message: after a failure nothing is sent until the
+backoff ends, and then the oldest due message goes first, so messages arrive in order after an
+outage. Failures that prove the request never reached Slack (connection refused, TLS) do not
+count against `max_attempts`: a message waits out an outage of any length. A timeout after the
+request was sent is ambiguous (Slack may have posted it): it counts as an attempt, the retry may
+duplicate the message (a webhook has no idempotency key), and the next attempt waits twice as
+long (up to 4 x `timeout_s`), so a slow Slack costs at most a duplicate or two per message,
+never a loss.
 """
 
 from __future__ import annotations
@@ -72,6 +89,8 @@ CREATE INDEX IF NOT EXISTS outbox_member_message ON outbox_member (message_id);
 BACKOFF_BASE_S = 1.0
 RETENTION_S = 7 * 86400.0  # delivered and failed messages are kept this long for inspection
 STATE_RETRY_S = 5.0  # wait after a state database error before trying again
+MAX_TIMEOUT_GROWTH = 4  # an attempt after ambiguous timeouts waits up to 4 x timeout_s
+UNREACHABLE = frozenset({"connect", "tls"})  # the request never reached Slack
 MAX_HEALTHY_DEPTH = 100
 MAX_CONSECUTIVE_FAILURES = 3
 
@@ -86,6 +105,17 @@ class _Message:
     due: float
     attempts: int
     payload: str
+
+
+@dataclass(slots=True, kw_only=True)
+class _Held:
+    """A message for a crash the database could not record yet; `sent_at` once delivered."""
+
+    payload: str
+    sent_at: float | None = None
+
+
+MemberKey = tuple[str, str]  # (unit or "", dedupe key): one crash in outbox_member
 
 
 def _noop(db: sqlite3.Connection) -> None:
@@ -120,6 +150,9 @@ class Outbox:
         self._next_send_at = 0.0
         self._last_error: str | None = None
         self._consecutive_failures = 0
+        self._held: dict[MemberKey, _Held] = {}  # crashes not in the database yet, oldest first
+        self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
+        self._state_error: str | None = None  # the last write error, logged once
         try:
             store.connection.executescript(_SCHEMA)
         except sqlite3.Error as exc:
@@ -146,7 +179,7 @@ class Outbox:
         """Add the crash as a member of a new or an open group message; ignore a replay."""
         now, inv = self._now(), outcome.invocation
         when = inv.ended_us / 1_000_000 if inv.ended_us else now
-        key = inv.invocation_id or (f"cursor:{inv.last_cursor}" if inv.last_cursor else None)
+        key = _dedupe_key(outcome)
         member = db.execute(
             "INSERT OR IGNORE INTO outbox_member"
             " (message_id, unit, invocation_id, dedupe_key, time) VALUES (0, ?, ?, ?, ?)",
@@ -171,6 +204,17 @@ class Outbox:
             group=self._group(db, message_id) if group_key else None,
         )
         db.execute("UPDATE outbox SET payload = ? WHERE id = ?", (_dump(payload), message_id))
+        held = self._held.get((inv.unit or "", key)) if key else None
+        if held is not None and held.sent_at is not None:
+            # Announced from memory while the database was full: record it as sent, once.
+            db.execute(
+                "UPDATE outbox SET state = 'sent', sent_at = ?, attempts = 1 WHERE id = ?",
+                (held.sent_at, message_id),
+            )
+            db.execute(
+                "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
+                (inv.unit, inv.invocation_id),
+            )
         # The run loop cannot see the row before this synchronous commit returns, so waking
         # it now is safe; after a rollback it simply finds nothing new.
         self._wake.set()
@@ -221,6 +265,24 @@ class Outbox:
         """Look at the queue now (e.g. after a commit that queued a message)."""
         self._wake.set()
 
+    def hold(self, outcome: Outcome, *, action_taken: str) -> None:
+        """Announce a crash whose batch could not be committed, from memory, once.
+
+        Transient crashes are left to the database (they are grouped there and are the least
+        urgent); everything else goes out now instead of waiting for the disk to be fixed.
+        """
+        key = _dedupe_key(outcome)
+        if self._webhook is None or key is None or not is_notable(outcome):
+            return
+        if is_groupable(outcome):
+            return
+        member = (outcome.invocation.unit or "", key)
+        if member not in self._held:
+            action = coerce_action_taken(action_taken, outcome.decision)
+            payload = build_payload(outcome, host=self._host, action_taken=action)
+            self._held[member] = _Held(payload=_dump(payload))
+            self._wake.set()
+
     def depth(self) -> int:
         """Messages waiting for delivery."""
         try:
@@ -263,28 +325,36 @@ class Outbox:
             try:
                 await self._step(stop)
             except StateError as exc:
-                self._metrics.state_error("write")
-                _log.error("outbox_state_error", error=str(exc))
+                self._state_failed(exc)
                 await self._wait(stop, STATE_RETRY_S)
 
     async def _step(self, stop: asyncio.Event) -> None:
         """Deliver the next due message, or wait until one is due or new work arrives."""
+        self._settle_memory()
         message = self._next()
-        self._metrics.outbox_depth(self.depth())
-        if message is None:
+        held = next((k for k, h in self._held.items() if h.sent_at is None), None)
+        self._metrics.outbox_depth(self.depth() + len(self._held))
+        now = self._now()
+        if message is None and held is None:
             await self._wait(stop, None)
             return
-        wait_s = max(message.due, self._next_send_at) - self._now()
+        # Held crashes are newer than anything in the database: they go after due messages.
+        due = message.due if message is not None and (held is None or message.due <= now) else now
+        wait_s = max(due, self._next_send_at) - now
         if wait_s > 0:
             await self._wait(stop, wait_s)
-            return
-        await self._deliver(message)
+        elif message is not None and message.due <= now:
+            await self._deliver(message)
+        elif held is not None:
+            await self._deliver_held(held)
 
     def _next(self) -> _Message | None:
+        skip = json.dumps(list(self._unrecorded))
         try:
             row = self._store.connection.execute(
                 "SELECT id, due, attempts, payload FROM outbox WHERE state = 'pending'"
-                " ORDER BY due, id LIMIT 1"
+                " AND id NOT IN (SELECT value FROM json_each(?)) ORDER BY due, id LIMIT 1",
+                (skip,),
             ).fetchone()
         except sqlite3.Error as exc:
             raise StateError(f"{self._store.path}: cannot read the outbox: {exc}") from exc
@@ -299,31 +369,97 @@ class Outbox:
             waits.append(self._sleep(seconds))
         await first_of(*waits)
 
-    async def _deliver(self, message: _Message) -> None:
+    async def _attempt(self, payload: str, attempts: int) -> NotifyError | None:
+        """One POST; the error, or None when Slack took it."""
         assert self._webhook is not None  # noqa: S101 - run() returns early without one
+        timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2**attempts)
+        try:
+            async with asyncio.timeout(timeout_s + 5):
+                await self._webhook.send(json.loads(payload), timeout_s=timeout_s)
+        except NotifyError as exc:
+            return exc
+        except TimeoutError:
+            return NotifyError("slack: timeout: no answer", reason="timeout", retryable=True)
+        return None
+
+    async def _deliver(self, message: _Message) -> None:
         self._inflight = message.id
         try:
-            async with asyncio.timeout(self._config.timeout_s + 5):
-                await self._webhook.send(json.loads(message.payload))
-        except NotifyError as exc:
-            self._failed(message, exc)
-        except TimeoutError:
-            error = NotifyError("slack: timeout: no answer", reason="timeout", retryable=True)
-            self._failed(message, error)
-        else:
-            self._delivered(message)
+            error = await self._attempt(message.payload, message.attempts)
         finally:
             self._inflight = None
+        if error is None:
+            self._delivered(message)
+        else:
+            self._failed(message, error)
+
+    async def _deliver_held(self, member: MemberKey) -> None:
+        """Send a held crash; if its batch was committed meanwhile, settle it in the database."""
+        error = await self._attempt(self._held[member].payload, 0)
+        message = self._committed(member)
+        if message is not None:
+            del self._held[member]
+            if error is None:
+                self._delivered(message)
+            else:
+                self._failed(message, error)
+            return
+        if error is None:
+            self._held[member].sent_at = self._now()
+            self._sent_ok()
+        elif not error.retryable:
+            del self._held[member]  # the database copy, once committed, gets its own attempts
+            self._failed_endpoint(error, dropped=False)
+        else:
+            self._failed_endpoint(error, dropped=False)
+
+    def _committed(self, member: MemberKey) -> _Message | None:
+        """The pending database message of a held crash, once its batch is committed."""
+        try:
+            row = self._store.connection.execute(
+                "SELECT o.id, o.due, o.attempts, o.payload FROM outbox o JOIN outbox_member m"
+                " ON m.message_id = o.id WHERE ifnull(m.unit, '') = ? AND m.dedupe_key = ?",
+                member,
+            ).fetchone()
+        except sqlite3.Error:
+            return None
+        return (
+            None
+            if row is None
+            else _Message(id=row[0], due=row[1], attempts=row[2], payload=row[3])
+        )
+
+    def _settle_memory(self) -> None:
+        """Record deliveries the database missed; forget held crashes it now has."""
+        for message_id, sent_at in list(self._unrecorded.items()):
+            try:
+                self._record_sent(message_id, sent_at)
+            except StateError:
+                return
+            del self._unrecorded[message_id]
+            self._state_recovered()
+        for member in [m for m, h in self._held.items() if self._committed(m) is not None]:
+            del self._held[member]
 
     def _delivered(self, message: _Message) -> None:
-        """Mark the message sent and its crashes notified, in one transaction."""
+        """Mark the message sent and its crashes notified; keep that in memory if it fails."""
         now = self._now()
-        self._next_send_at = now + self._config.min_interval_s
+        try:
+            self._record_sent(message.id, now)
+        except StateError as exc:
+            # Slack has it: never send it again, record it when the database takes writes.
+            self._unrecorded[message.id] = now
+            self._state_failed(exc)
+        else:
+            self._state_recovered()
+        self._sent_ok(message.attempts)
+
+    def _record_sent(self, message_id: int, sent_at: float) -> None:
         with self._store.transaction() as db:
             db.execute(
                 "UPDATE outbox SET state = 'sent', sent_at = ?, attempts = attempts + 1,"
                 " last_error = NULL WHERE id = ?",
-                (now, message.id),
+                (sent_at, message_id),
             )
             # The same update as Store.mark_notified, inside this transaction so "sent" and
             # "notified" can never disagree.
@@ -331,34 +467,52 @@ class Outbox:
                 "UPDATE history SET notified = 1 WHERE EXISTS (SELECT 1 FROM outbox_member m"
                 " WHERE m.message_id = ? AND m.invocation_id IS NOT NULL"
                 " AND m.unit IS history.unit AND m.invocation_id = history.invocation_id)",
-                (message.id,),
+                (message_id,),
             )
+
+    def _sent_ok(self, attempts: int = 0) -> None:
+        self._next_send_at = self._now() + self._config.min_interval_s
         self._metrics.notification("sent")
         if self._last_error is not None:
-            _log.info("slack_delivery_recovered", attempts=message.attempts + 1)
+            _log.info("slack_delivery_recovered", attempts=attempts + 1)
         self._last_error, self._consecutive_failures = None, 0
 
+    def _state_failed(self, exc: StateError) -> None:
+        self._metrics.state_error("write")
+        if self._state_error is None:
+            _log.error("outbox_state_error", error=str(exc), action="kept in memory")
+        self._state_error = str(exc)
+
+    def _state_recovered(self) -> None:
+        if self._state_error is not None:
+            _log.info("outbox_state_recovered")
+        self._state_error = None
+
     def _failed(self, message: _Message, exc: NotifyError) -> None:
-        """Schedule a retry, or give the message up when it is permanent or out of attempts."""
-        now, attempts = self._now(), message.attempts + 1
-        self._next_send_at = now + self._config.min_interval_s
-        self._consecutive_failures += 1
-        if isinstance(exc, SlackRateLimited) and exc.retry_after is not None:
-            self._next_send_at = max(self._next_send_at, now + exc.retry_after)
+        """Back the endpoint off, or give the message up when permanent or out of attempts."""
+        attempts = message.attempts + (0 if exc.reason in UNREACHABLE else 1)
         if exc.retryable and attempts < self._config.max_attempts:
-            delay = self._backoff(attempts, exc)
-            self._update(message.id, attempts, "pending", now + delay, exc.reason)
+            self._update(message.id, attempts, "pending", message.due, exc.reason)
+            self._failed_endpoint(exc, dropped=False, attempt=attempts)
+        else:
+            self._update(message.id, attempts, "failed", message.due, exc.reason)
+            self._failed_endpoint(exc, dropped=True, attempt=attempts)
+
+    def _failed_endpoint(self, exc: NotifyError, *, dropped: bool, attempt: int = 1) -> None:
+        """Pause all sending for a backoff; log a new error once."""
+        now = self._now()
+        self._consecutive_failures += 1
+        delay = self._backoff(self._consecutive_failures, exc) if exc.retryable else 0.0
+        self._next_send_at = now + max(self._config.min_interval_s, delay)
+        if dropped:
+            self._metrics.notification("failed")
+            _log.error("slack_message_dropped", error=str(exc), reason=exc.reason, attempts=attempt)
+        else:
             self._metrics.notification("retried")
             if str(exc) != self._last_error:
                 _log.warning(
-                    "slack_delivery_failed", error=str(exc), attempt=attempts, retry_in_s=delay
+                    "slack_delivery_failed", error=str(exc), attempt=attempt, retry_in_s=delay
                 )
-        else:
-            self._update(message.id, attempts, "failed", now, exc.reason)
-            self._metrics.notification("failed")
-            _log.error(
-                "slack_message_dropped", error=str(exc), reason=exc.reason, attempts=attempts
-            )
         self._last_error = str(exc)
 
     def _backoff(self, attempts: int, exc: NotifyError) -> float:
@@ -387,6 +541,12 @@ class Outbox:
                 (horizon,),
             )
             db.execute("DELETE FROM outbox WHERE state != 'pending' AND created < ?", (horizon,))
+
+
+def _dedupe_key(outcome: Outcome) -> str | None:
+    """What makes a crash unique in the outbox: its invocation id, else its last cursor."""
+    inv = outcome.invocation
+    return inv.invocation_id or (f"cursor:{inv.last_cursor}" if inv.last_cursor else None)
 
 
 def _dump(value: Any) -> str:

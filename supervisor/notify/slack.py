@@ -34,6 +34,7 @@ FIELD_LIMIT = 2000  # Slack: one section field
 HEADER_LIMIT = 150  # Slack: a header block's plain_text
 FALLBACK_LIMIT = 3000  # our own bound for the top-level `text`
 ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
+MAX_BODY_BYTES = 4096  # at most this much of a reply is read: a huge or endless body is cut
 TRUNCATED = "… [truncated]"
 REDACTED = "<redacted>"
 DEFAULT_TIMEOUT_S = 10.0
@@ -230,6 +231,10 @@ def _fallback(outcome: Outcome, host: str, action: ActionTaken, group: Group | N
         f"restarts: {'unknown' if restarts is None else restarts})",
         f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
     ]
+    if outcome.invocation.hung:
+        lines.append(
+            "Engine hung: it logged its death and the unit stayed up past the grace period"
+        )
     if outcome.drift:
         lines.append(f"Changed since the last good start: {'; '.join(outcome.drift)}")
     if group is not None and group.count > 1:
@@ -325,8 +330,12 @@ class SlackWebhook:
     ) -> None:
         self._url = url
         self._now = now
+        # identity: an error body is read raw and cut at MAX_BODY_BYTES, never decompressed.
         self._client = httpx.AsyncClient(
-            transport=transport, timeout=timeout_s, follow_redirects=False
+            transport=transport,
+            timeout=timeout_s,
+            follow_redirects=False,
+            headers={"Accept-Encoding": "identity"},
         )
         self._filter = _RedactFilter(url)
         logging.getLogger("httpx").addFilter(self._filter)
@@ -350,14 +359,23 @@ class SlackWebhook:
         await self._client.aclose()
         logging.getLogger("httpx").removeFilter(self._filter)
 
-    async def send(self, payload: Mapping[str, Any]) -> None:
-        """Post `payload` once; raises `NotifyError` (or `SlackRateLimited`) when not delivered."""
+    async def send(self, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> None:
+        """Post `payload` once; raises `NotifyError` (or `SlackRateLimited`) when not delivered.
+
+        Only the first MAX_BODY_BYTES of the reply are read, so an HTML error page, an endless
+        or a huge body costs bounded memory. `timeout_s` overrides the client's timeout.
+        """
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         try:
-            response = await self._client.post(self._url.value, json=dict(payload))
+            async with self._client.stream(
+                "POST", self._url.value, json=dict(payload), timeout=timeout
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    body = await _read_bounded(response, MAX_BODY_BYTES)
+                    self._check(response.status_code, response.headers, body)
         except httpx.HTTPError as exc:
             # `from None`: the httpx exception holds the request and thus the URL.
             raise self._transport_error(exc) from None
-        self._check(response)
 
     def _transport_error(self, exc: httpx.HTTPError) -> NotifyError:
         """A retryable error naming what failed, without the URL."""
@@ -367,14 +385,13 @@ class SlackWebhook:
             f"slack: {reason}: {type(exc).__name__}: {detail}", reason=reason, retryable=True
         )
 
-    def _check(self, response: httpx.Response) -> None:
+    def _check(self, status: int, headers: httpx.Headers, body: bytes) -> None:
         """Alertmanager's Retrier.Check: 2xx ok, 5xx and 429 retryable, other codes permanent."""
-        status = response.status_code
         if 200 <= status < 300:
             return
-        text = redact(_bounded(response.text), self._url)
+        text = redact(_bounded(body.decode("utf-8", "replace")), self._url)
         if status == 429:
-            retry_after = _retry_after(response.headers.get("retry-after"), self._now())
+            retry_after = _retry_after(headers.get("retry-after"), self._now())
             raise SlackRateLimited(
                 f"slack: rate limited (HTTP 429, retry after {retry_after}s): {text}",
                 retry_after=retry_after,
@@ -386,6 +403,8 @@ class SlackWebhook:
 
 
 def _transport_reason(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return "connect"  # the request never left: retrying it cannot duplicate a message
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
     cause: BaseException | None = exc
@@ -396,6 +415,20 @@ def _transport_reason(exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.ConnectError):
         return "connect"
     return "transport"
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of the body; the rest is never read (the connection is dropped)."""
+    if response.is_stream_consumed:
+        return response.content[:limit]  # already in memory (a test transport)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk[: limit - size])
+        size += len(chunks[-1])
+        if size >= limit:
+            break
+    return b"".join(chunks)
 
 
 def _bounded(text: str) -> str:

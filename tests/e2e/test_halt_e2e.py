@@ -14,6 +14,7 @@ These tests fail (never skip) when nspawn cannot run: they are the proof that ha
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import sys
 from collections.abc import Iterator
@@ -64,6 +65,26 @@ unknown_repeat_limit = 3
 listen = "127.0.0.1:9464"
 """
 
+HUNG_UNIT = """[Unit]
+Description=fake inference server whose engine dies while its API server keeps answering 500
+StartLimitIntervalSec=0
+
+[Service]
+ExecStart=/usr/bin/python3 /opt/vsup/e2e/fake-hung-engine.py {log} {port}
+Restart=always
+"""
+
+HANG_GRACE_S = 2.0
+HANG_CONFIG = """[[unit]]
+name = "vllm.service"
+health_url = "http://127.0.0.1:{port}/health"
+hang_grace_s = {grace}
+
+[metrics]
+listen = "127.0.0.1:9464"
+"""
+ENGINE_DEAD = "EngineDeadError"
+
 LATENCIES: list[float] = []
 
 
@@ -106,7 +127,20 @@ def install_served_unit(box: Container, log: str, restart_sec: str) -> None:
     box.systemctl("daemon-reload")
 
 
-def start_supervisor(box: Container) -> None:
+def install_hung_unit(box: Container, log: str) -> int:
+    """The fake hung engine as the served unit, and a supervisor config that watches its health.
+
+    Returns the loopback port of its health URL (the container shares the host's network).
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    box.write_file(f"/etc/systemd/system/{UNIT}", HUNG_UNIT.format(log=log, port=port))
+    box.systemctl("daemon-reload")
+    return port
+
+
+def start_supervisor(box: Container, config: str = SUPERVISOR_CONFIG) -> None:
     """Start the shipped supervisor unit and wait until it is active (it sent READY=1)."""
     # The container's /etc starts empty (--volatile=yes): journald created its files before
     # systemd-sysusers made the systemd-journal group, so they are root:root and the daemon's
@@ -115,7 +149,7 @@ def start_supervisor(box: Container) -> None:
     box.run("chgrp", "-R", "systemd-journal", "/run/log/journal")
     box.run("chmod", "-R", "g+rX", "/run/log/journal")
     box.systemctl("restart", "systemd-journald")
-    box.write_file("/etc/vllm-supervisor/supervisor.toml", SUPERVISOR_CONFIG)
+    box.write_file("/etc/vllm-supervisor/supervisor.toml", config)
     # An empty credential file means "Slack off"; LoadCredential= fails the unit without it.
     box.write_file("/etc/vllm-supervisor/slack-webhook", "", mode="0600")
     box.systemctl("start", "vllm-supervisor.service", check=False)
@@ -342,6 +376,69 @@ class TestSupervisorHalts:
         assert started_late == []
         _, to_down = halt_latency(container)
         LATENCIES.append(to_down)
+
+
+def death_us(box: Container) -> int:
+    """When the served unit logged its (first) EngineDeadError line."""
+    deaths = [
+        ts(e)
+        for e in unit_lines(box)
+        if e.get("_SYSTEMD_UNIT") == UNIT and ENGINE_DEAD in str(e.get("MESSAGE"))
+    ]
+    assert deaths, "the fake engine never logged its death"
+    return min(deaths)
+
+
+class TestHungEngine:
+    """The engine dies, the API server stays up answering 500: systemd alone never reacts."""
+
+    def test_hung_engine_with_a_fatal_cause_is_halted(self, container: Container) -> None:
+        """EngineDeadError after the seed's flashinfer crash, /health at 500: halted in grace."""
+        port = install_hung_unit(container, SEED_LOG)
+        start_supervisor(container, HANG_CONFIG.format(port=port, grace=HANG_GRACE_S))
+        container.systemctl("start", "--no-block", UNIT)
+        wait_for(lambda: quarantined(container), timeout=30, what="the quarantine record")
+        wait_for(lambda: settled(container), timeout=30, what="the served unit to stay down")
+        [record] = history(container)
+        assert record["hung"] is True
+        assert record["verdict"]["signature"] == "flashinfer_cubin_mismatch"
+        assert record["decision"]["action"] == "halt"
+        # The unit never exited on its own: systemd did not restart it, the supervisor stopped it.
+        assert n_restarts(container) == 0
+        assert len(invocations_that_ran(container)) == 1
+        mtime_us = int(
+            container.run("stat", "-c", "%.6Y", QUARANTINE).stdout.strip().replace(".", "")
+        )
+        handled_after = (mtime_us - death_us(container)) / 1e6
+        print(f"\nhung engine (fatal): death line -> halted {handled_after:.3f}s")
+        # The grace period, then a health check and a halt: a few seconds, not minutes.
+        assert HANG_GRACE_S <= handled_after < HANG_GRACE_S + 5
+
+    def test_hung_engine_with_a_transient_cause_is_restarted(self, container: Container) -> None:
+        """EngineDeadError after an NCCL watchdog timeout: the supervisor restarts the unit."""
+        port = install_hung_unit(container, NCCL_LOG)
+        start_supervisor(container, HANG_CONFIG.format(port=port, grace=HANG_GRACE_S))
+        container.systemctl("start", "--no-block", UNIT)
+        wait_for(
+            lambda: len(invocations_that_ran(container)) >= 2,
+            timeout=30,
+            what="the supervisor to restart the hung engine",
+        )
+        first = history(container)[0]
+        assert first["hung"] is True
+        assert first["verdict"]["signature"] == "nccl_timeout"
+        assert first["decision"]["action"] == "allow-restart"
+        assert not quarantined(container)
+        died = death_us(container)
+        restarted = min(
+            ts(e)
+            for e in unit_lines(container)
+            if e.get("MESSAGE_ID") == JOB_STARTED and ts(e) > died
+        )
+        handled_after = (restarted - died) / 1e6
+        print(f"\nhung engine (transient): death line -> restarted {handled_after:.3f}s")
+        assert HANG_GRACE_S <= handled_after < HANG_GRACE_S + 5
+        container.systemctl("stop", UNIT)
 
 
 def teardown_module() -> None:

@@ -35,9 +35,11 @@ def write_config(
     slack_url: str | None = None,
     extra: str = "",
     state: str = "",
+    systemd: str = "enabled = false\n",
     reader: str = "auto",
 ) -> Path:
-    """A config for a supervisor following `root/journal` with private state and no systemd."""
+    """A config for a supervisor following `root/journal` with private state (and by default
+    no systemd; `systemd` replaces the [systemd] section's body)."""
     slack = ""
     if slack_url is not None:
         slack = (
@@ -45,7 +47,7 @@ def write_config(
             "timeout_s = 2.0\nbackoff_max_s = 0.5\nmax_attempts = 1000\n"
         )
     text = (
-        "[systemd]\nenabled = false\n"
+        f"[systemd]\n{systemd}"
         f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\nreader = "{reader}"\n'
         "restart_backoff_s = 0.1\nrestart_backoff_max_s = 0.5\n"
         f'[state]\nstate_dir = "{root / "state"}"\nruntime_dir = "{root / "run"}"\n'

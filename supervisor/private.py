@@ -1,0 +1,48 @@
+"""Files and directories only the supervisor's user (and group) can reach.
+
+The state database holds crash lines and the outbox (which may quote secrets a crashing server
+printed); quarantine records decide whether a unit may start. Neither may be world-writable,
+whatever umask the daemon inherits (a shell with umask 000, a unit without `UMask=`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+DIR_MODE = 0o750
+FILE_MODE = 0o600
+
+
+def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
+    """`mkdir -p` where every directory created gets `mode` exactly (not `mode & ~umask` for
+    the last one and 0o777 & ~umask for its parents, as `Path.mkdir(parents=True)` does)."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=mode)
+        except FileExistsError:
+            continue  # created by someone else meanwhile; it is not ours to chmod
+        directory.chmod(mode)
+
+
+def private_file(path: Path, mode: int = FILE_MODE) -> None:
+    """Create `path` empty with `mode` when missing; strip world access when it exists.
+
+    Only the world bits are taken from an existing file: a group an administrator granted
+    (e.g. to read history) is theirs to keep.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        current = stat.S_IMODE(path.stat().st_mode)
+        if current & 0o007:
+            path.chmod(current & ~0o007)
+        return
+    os.fchmod(fd, mode)  # O_CREAT applies the umask; fchmod does not
+    os.close(fd)

@@ -1,0 +1,31 @@
+"""The README's first command: `vllm-supervisor demo` shows every feature on a real journal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_demo_shows_the_halt_drift_hang_preflight_and_triage() -> None:
+    """One run: the crash loop halted with its drift named, a hung engine, preflight failing."""
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.count("fatal flashinfer_cubin_mismatch -> halt") == 3
+    drift = "changed since the last good start: flashinfer-python 0.6.3 → 0.6.4"
+    assert out.count(drift) >= 3, out  # history, preflight and triage each name it
+    assert "vllm-chat.service cccccccccccccccccccccccccccccccc: transient nccl_timeout" in out
+    assert "(engine hung)" in out
+    assert "Engine hung:" in out  # the Slack message
+    assert "== Slack: 4 messages" in out
+    assert "exit status 1: systemd would skip the next start" in out
+    assert "FAIL flashinfer_cubin_mismatch" in out
+    assert "crash site:  File" in out  # triage separates the crash site from the root cause
+    # The webhook's secret path stays out of everything the demo prints or logs.
+    assert "demo-secret" not in out + done.stderr
