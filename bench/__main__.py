@@ -1,7 +1,9 @@
 """`python -m bench`: the supervisor's journal ingest against the usual JSON pipeline, same run.
 
 Options: `--entries N` (default 500k), `--runs K` (default 5), `--quick` (a small journal, 2 runs,
-a short live phase: the CI smoke), `--no-live`, `--out PATH` (default bench/results/latest.json).
+a short live phase: the CI smoke), `--no-live`, `--out PATH` (default bench/results/latest.json),
+`--rss-entries N` (also stream the journal through one Pipeline until N entries, e.g. 10M, and
+report the RSS then).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from bench.ingest import MODES
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 LABELS = {
-    "supervisor": "supervisor ingest (journalctl -o export + Pipeline)",
+    "supervisor": "supervisor ingest (native reader + Pipeline)",
+    "supervisor_journalctl": "supervisor ingest, fallback (journalctl -o export + Pipeline)",
     "json": "baseline: journalctl -o json \\| json.loads",
     "export": "ceiling: journalctl -o export > /dev/null",
     "export_fields": "ceiling: same, with our --output-fields",
+    "native": "ceiling: native reader child > /dev/null",
 }
+CHILD_ONLY = ("export", "export_fields", "native")  # no Python consumer: no Python CPU or RSS
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--live-rates", default="2000,20000")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache", type=Path, default=None, help="journal cache directory")
+    parser.add_argument(
+        "--rss-entries", type=int, default=0, help="also feed this many entries to one Pipeline"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.entries = min(args.entries, 20_000)
@@ -71,6 +79,18 @@ def _run_worker(mode: str, directory: Path) -> dict[str, Any] | None:
     return json.loads(result.stdout.decode().strip().splitlines()[-1])
 
 
+def measure_rss(directory: Path, total: int) -> dict[str, Any]:
+    """`bench.ingest rss` in a fresh interpreter: RSS after `total` entries through one Pipeline."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.ingest", "rss", str(directory), UNIT, str(total)],
+        capture_output=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    data: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    return data
+
+
 def summarise(mode: str, runs: list[dict[str, Any]], entries: int) -> dict[str, Any]:
     """Medians over runs; peak RSS is the maximum over runs."""
     rates = [entries / r["wall_s"] for r in runs]
@@ -101,7 +121,7 @@ def measure_ingest(directory: Path, entries: int, runs: int) -> dict[str, Any]:
     for index in range(runs):
         for mode in MODES:
             result = run_once(mode, directory)
-            if mode in ("supervisor", "json") and result["entries"] != entries:
+            if mode not in CHILD_ONLY and result["entries"] != entries:
                 raise SystemExit(f"{mode} read {result['entries']} entries, expected {entries}")
             raw[mode].append(result)
             rate = entries / result["wall_s"]
@@ -133,8 +153,8 @@ def table(ingest: dict[str, Any]) -> str:
     ]
     for mode in MODES:
         s = ingest[mode]
-        python_cpu = "-" if mode.startswith("export") else f"{s['cpu_python_s_per_million']:.1f}"
-        rss_python = "-" if mode.startswith("export") else f"{s['rss_python_mb']:.0f}"
+        python_cpu = "-" if mode in CHILD_ONLY else f"{s['cpu_python_s_per_million']:.1f}"
+        rss_python = "-" if mode in CHILD_ONLY else f"{s['rss_python_mb']:.0f}"
         rows.append(
             f"| {s['label']} | {s['entries_per_s']:,.0f} | {s['speed_vs_baseline']:.2f}x "
             f"| {s['cpu_s_per_million']:.1f} ({python_cpu} + "
@@ -180,6 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{c['halts']} halts; per invocation p50 {c['classify_ms_p50']:.1f} ms, "
         f"max {c['classify_ms_max']:.1f} ms"
     )
+    rss: dict[str, Any] | None = None
+    if args.rss_entries:
+        print(f"\nrss: {args.rss_entries:,} entries through one Pipeline ...", flush=True)
+        rss = measure_rss(journal.directory, args.rss_entries)
+        print(
+            f"rss after {rss['entries']:,} entries ({rss['passes']} passes, "
+            f"{rss['entries'] / rss['wall_s']:,.0f} entries/s): {rss['rss_mb_end']:.0f} MB "
+            f"(peak {rss['rss_mb_peak']:.0f} MB; reader child peak {rss['rss_child_mb_peak']:.0f}"
+            f" MB); after each pass: {rss['rss_mb_after_each_pass']}"
+        )
     live: list[dict[str, Any]] = []
     if not args.no_live:
         from bench.live import measure_live
@@ -206,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": args.runs,
         "ingest": ingest,
+        "rss": rss,
         "live": live,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

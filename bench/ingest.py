@@ -6,14 +6,20 @@ exact CPU and peak RSS of that run alone. Imports and the signature table load h
 clock starts; the journalctl child is started inside the measured window.
 
 Modes:
-- `supervisor`: the daemon's ingest path: `JournalctlReader` (the journalctl child with the
-  daemon's argv) -> `Pipeline.feed` (tracker, classifier, policy), as `triage.collect` and
+- `supervisor`: the daemon's ingest path: `JournalctlReader` (with its default child, the native
+  libsystemd reader) -> `Pipeline.feed` (tracker, classifier, policy), as `triage.collect` and
   `Daemon._follow` run it, with the unit filter.
+- `supervisor_journalctl`: the same with `[journal] reader = "journalctl"` (the fallback).
 - `json`: the baseline: `journalctl -o json -u UNIT` read line by line with `json.loads`, the way
   log shippers that run journalctl (Vector, Filebeat) consume it.
 - `export`: `journalctl -o export -u UNIT > /dev/null`: every field, nothing parsed (the ceiling
   of any journalctl-based reader).
 - `export_fields`: as `export`, with the reader's `--output-fields` list.
+- `native`: the native reader child alone, `> /dev/null` (the ceiling of our own reader).
+
+`python -m bench.ingest rss DIRECTORY UNIT TOTAL` streams the journal again and again through one
+`Pipeline` (a new reader child each pass, as after restarts) until TOTAL entries were fed, and
+reports the RSS then: memory must not grow with history.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-MODES = ("supervisor", "json", "export", "export_fields")
+MODES = ("supervisor", "supervisor_journalctl", "json", "export", "export_fields", "native")
 
 
 def _usage() -> tuple[float, float, int, int]:
@@ -63,7 +69,11 @@ def measure(mode: str, directory: Path, unit: str) -> dict[str, Any]:
 
 def _prepare(mode: str, directory: Path, unit: str) -> Any:
     if mode == "supervisor":
-        return _supervisor(directory, unit)
+        return _supervisor(directory, unit, source="native")
+    if mode == "supervisor_journalctl":
+        return _supervisor(directory, unit, source="journalctl")
+    if mode == "native":
+        return lambda: _native_devnull(directory, unit)
     if mode == "json":
         return lambda: _json(directory, unit)
     if mode in ("export", "export_fields"):
@@ -71,7 +81,7 @@ def _prepare(mode: str, directory: Path, unit: str) -> Any:
     raise SystemExit(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
 
 
-def _supervisor(directory: Path, unit: str) -> Any:
+def _supervisor(directory: Path, unit: str, *, source: str) -> Any:
     from supervisor.app import load_table
     from supervisor.config import Config, UnitConfig
     from supervisor.journal.reader import ReaderSettings, read_all
@@ -91,6 +101,7 @@ def _supervisor(directory: Path, unit: str) -> Any:
         units=(unit,),
         directory=directory,
         journalctl=config.journal.journalctl,
+        source=source,
         follow=False,
         max_line_chars=config.tracker.max_line_chars,
     )
@@ -144,8 +155,63 @@ def _devnull(directory: Path, unit: str, *, fields: bool) -> tuple[int, dict[str
     return 0, {}  # the caller knows how many entries the filter returns
 
 
+def _native_devnull(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
+    from supervisor.journal.reader import ReaderSettings, native_argv
+
+    argv = native_argv(ReaderSettings(units=(unit,), directory=directory, follow=False), None)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
+    return 0, {}
+
+
+def measure_rss(directory: Path, unit: str, total: int) -> dict[str, Any]:
+    """Feed one Pipeline pass after pass over the journal until `total` entries; RSS then."""
+    from supervisor.app import load_table
+    from supervisor.config import Config, UnitConfig
+    from supervisor.journal.reader import ReaderSettings, read_all
+    from supervisor.pipeline import Pipeline
+
+    config = Config(units=(UnitConfig(name=unit),))
+    pipeline = Pipeline(config, load_table(config))
+    settings = ReaderSettings(units=(unit,), directory=directory, follow=False, source="auto")
+    rss_mb: list[float] = []  # after each pass
+
+    async def run() -> int:
+        count = 0
+        while count < total:
+            async for batch in read_all(settings):
+                count += len(batch)
+                pipeline.feed(batch)
+            rss_mb.append(_vm_kb("VmRSS") / 1024)
+        return count
+
+    started = time.perf_counter()
+    count = asyncio.run(run())
+    _, _, _, rss_kids = _usage()
+    return {
+        "mode": "rss",
+        "entries": count,
+        "passes": len(rss_mb),
+        "wall_s": time.perf_counter() - started,
+        "rss_mb_after_each_pass": [round(r, 1) for r in rss_mb],
+        "rss_mb_end": _vm_kb("VmRSS") / 1024,
+        "rss_mb_peak": _vm_kb("VmHWM") / 1024,
+        "rss_child_mb_peak": rss_kids / 1024,
+    }
+
+
+def _vm_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """`python -m bench.ingest MODE DIRECTORY UNIT`."""
+    """`python -m bench.ingest MODE DIRECTORY UNIT` or `... rss DIRECTORY UNIT TOTAL`."""
+    if argv[0] == "rss":
+        _, directory, unit, total = argv
+        print(json.dumps(measure_rss(Path(directory), unit, int(total))))
+        return 0
     mode, directory, unit = argv
     print(json.dumps(measure(mode, Path(directory), unit)))
     return 0

@@ -70,6 +70,9 @@ class JournalConfig:
 
     directory: Path | None = None  # a journal directory (journalctl -D); None = system journal
     journalctl: str = "journalctl"  # the journalctl binary
+    # The reader child: "native" (libsystemd, built with the package), "journalctl", or "auto"
+    # (native when it was built, else journalctl).
+    reader: str = "auto"
     start_at: str = "auto"  # with no saved cursor: "head", "tail" or "auto" (tail; head for -D)
     restart_backoff_s: float = 1.0  # first wait before restarting a dead reader (doubles)
     restart_backoff_max_s: float = 30.0  # the longest wait between reader restarts
@@ -235,6 +238,11 @@ def validate(config: Config) -> Config:
     if config.journal.start_at not in ("auto", "head", "tail"):
         raise ConfigError(
             f"journal.start_at: must be 'auto', 'head' or 'tail' (got {config.journal.start_at!r})"
+        )
+    if config.journal.reader not in ("auto", "native", "journalctl"):
+        raise ConfigError(
+            "journal.reader: must be 'auto', 'native' or 'journalctl'"
+            f" (got {config.journal.reader!r})"
         )
     if config.state.on_bad_cursor not in ("head", "tail"):
         raise ConfigError(

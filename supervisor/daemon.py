@@ -148,6 +148,7 @@ class Daemon:
             units=tuple(u.name for u in self.config.units),
             directory=journal.directory,
             journalctl=journal.journalctl,
+            source=journal.reader,
             follow=True,
             start_at=start,
             on_bad_cursor=self.config.state.on_bad_cursor,

@@ -48,6 +48,9 @@ def _important_re2() -> Any:
 # each byte once. On UTF-8 bytes an ASCII literal matches exactly where it matches in the str.
 _IMPORTANT_BYTES = _important_re2()
 _START_LIMIT = "Start request repeated too quickly"
+# Plain strings: an enum member's `.value` is a property call, and these are read per entry.
+_SUPPRESSED: str = LifecycleEvent.SUPPRESSED.value
+_JOB_STARTED: str = LifecycleEvent.JOB_STARTED.value
 _ENDING = {
     LifecycleEvent.UNIT_FAILED.value,
     LifecycleEvent.DEACTIVATED.value,
@@ -98,14 +101,21 @@ class _Builder:
         _, text, pid, priority, _ = row
         # The line after a traceback frame is its source code (the crash site): keep it too.
         after_frame = pid in self._after_frame
-        if _is_frame(text):
+        if _FRAME_LITERAL in text and _FRAME.search(text) is not None:
             self._after_frame.add(pid)
-        else:
+        elif after_frame:
             self._after_frame.discard(pid)
         if len(self.important) >= self.caps.max_error_lines:
             return
         low = priority if priority is not None else 7
-        if after_frame or low <= 3 or self._matches_important(row):
+        if after_frame or low <= 3:
+            self.important.append(row)
+            return
+        # _matches_important's cached answer, inline (this runs for nearly every line).
+        matched = self._matches.pop(row[0], None)
+        if matched is None:
+            matched = self._matches_important(row)
+        if matched:
             self.important.append(row)
 
     def _matches_important(self, row: _Row) -> bool:
@@ -161,15 +171,27 @@ class InvocationTracker:
     def feed(self, entry: JournalEntry) -> list[Invocation]:
         """Account for one entry; return the invocations it ended (usually none)."""
         unit = entry.unit
-        ended: list[Invocation] = self.flush_due(entry.realtime_us) if self._ending else []
         current = self._open.get(unit)
+        if (
+            current is not None
+            and not self._ending
+            and entry.invocation_id == current.invocation_id
+            and not entry.from_pid1
+            and entry.message_id != _SUPPRESSED
+        ):
+            # The common case, ahead of the general path below (which it agrees with): one more
+            # line of the running invocation, nothing ending or waiting for late lines.
+            current.add_line(next(self._seq), entry)
+            current.last_cursor = entry.cursor
+            return []
+        ended: list[Invocation] = self.flush_due(entry.realtime_us) if self._ending else []
         if current is not None and current.settle_deadline_us is not None:
             same = entry.invocation_id in (None, current.invocation_id)
             if same and not entry.from_pid1 and not _is_unit_event(entry):
                 current.add_line(next(self._seq), entry)  # a late line of the ended invocation
                 current.last_cursor = entry.cursor
                 return ended
-            if not same or entry.message_id == LifecycleEvent.JOB_STARTED.value:
+            if not same or entry.message_id == _JOB_STARTED:
                 ended.append(self._close(unit))
                 current = None
         if (
@@ -300,7 +322,7 @@ def _important_flags(texts: Sequence[str]) -> list[bool]:
 
 def _is_unit_event(entry: JournalEntry) -> bool:
     # journald's "Suppressed N messages" is logged by journald, not PID 1, about the unit.
-    return entry.message_id == LifecycleEvent.SUPPRESSED.value
+    return entry.message_id == _SUPPRESSED
 
 
 def _to_int(value: str | None) -> int | None:

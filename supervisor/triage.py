@@ -165,6 +165,8 @@ def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]
         settings,
         units=tuple(u.name for u in pipeline.config.units),
         journalctl=pipeline.config.journal.journalctl,
+        source=pipeline.config.journal.reader,
+        max_line_chars=pipeline.config.tracker.max_line_chars,
     )
 
     async def run() -> list[Outcome]:

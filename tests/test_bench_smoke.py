@@ -47,7 +47,14 @@ class TestBenchSmoke:
         result = json.loads(out.read_text())
         assert result["journal"]["unit_entries"] > 0
         ingest = result["ingest"]
-        assert set(ingest) == {"supervisor", "json", "export", "export_fields"}
+        assert set(ingest) == {
+            "supervisor",
+            "supervisor_journalctl",
+            "json",
+            "export",
+            "export_fields",
+            "native",
+        }
         for figures in ingest.values():
             for key in ("entries_per_s", "cpu_s_per_million", "rss_journalctl_mb"):
                 assert figures[key] > 0, key

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from supervisor.journal.export import ExportParser, decode, message_text
+from supervisor.journal.export import LINE_FIELDS, ExportParser, LineParser, decode, message_text
 from supervisor.journal.writer import EntryFactory, export_entry
-from supervisor.model import LifecycleEvent
+from supervisor.model import JournalEntry, LifecycleEvent
 
 
 def _stream() -> bytes:
@@ -58,6 +60,31 @@ class TestExportParser:
 
 class TestDecode:
     """Turning raw fields into the pipeline's JournalEntry."""
+
+    def test_entry_is_the_same_frozen_value_the_dataclass_builds(self) -> None:
+        """The fast constructor yields an equal JournalEntry that still refuses changes."""
+        fields = {
+            b"__CURSOR": b"s=1;i=2",
+            b"__REALTIME_TIMESTAMP": b"1700000000000000",
+            b"MESSAGE": b"hello",
+            b"_PID": b"42",
+            b"PRIORITY": b"3",
+            b"_SYSTEMD_UNIT": b"vllm.service",
+            b"_SYSTEMD_INVOCATION_ID": b"ab" * 16,
+        }
+        entry = decode(fields)
+        expected = JournalEntry(
+            cursor="s=1;i=2",
+            realtime_us=1_700_000_000_000_000,
+            message="hello",
+            unit="vllm.service",
+            invocation_id="ab" * 16,
+            pid=42,
+            priority=3,
+        )
+        assert expected == entry
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.message = "changed"  # type: ignore[misc, union-attr]
 
     def test_service_line_is_about_its_own_unit(self) -> None:
         """A service's line names the unit and invocation from the trusted fields."""
@@ -131,3 +158,81 @@ class TestMessageText:
     def test_megabyte_line_is_cut(self) -> None:
         """A 1 MB line is bounded to the configured number of characters."""
         assert len(message_text(b"x" * (1 << 20), 16384)) == 16384
+
+
+def _row(cursor: str, message: bytes, **fields: str) -> bytes:
+    """One entry in the native reader's lean framing (see `_sdjournal.c`, write_lines)."""
+    values = [fields.get(name.decode(), "").encode() for name in LINE_FIELDS]
+    head = b"\t".join([cursor.encode(), b"1700000000000000", *values, str(len(message)).encode()])
+    return head + b"\n" + message + b"\n"
+
+
+class TestLineParser:
+    """The native reader's lean framing: one row per entry, then the message."""
+
+    def test_entries_match_what_decode_builds_from_the_same_fields(self) -> None:
+        """A service line and a PID 1 lifecycle message decode as export format does."""
+        stream = _row(
+            "c1", b"hi", _SYSTEMD_UNIT="vllm.service", _SYSTEMD_INVOCATION_ID="ab", _PID="7"
+        ) + _row(
+            "c2",
+            b"vllm.service: Main process exited, code=exited, status=1/FAILURE",
+            MESSAGE_ID=LifecycleEvent.PROCESS_EXITED.value,
+            _PID="1",
+            _SYSTEMD_UNIT="init.scope",
+            UNIT="vllm.service",
+            INVOCATION_ID="ab",
+            EXIT_CODE="exited",
+            EXIT_STATUS="1",
+        )
+        entries, first, last = LineParser().feed(stream)
+        exported = [
+            decode(
+                {
+                    b"__CURSOR": b"c1",
+                    b"__REALTIME_TIMESTAMP": b"1700000000000000",
+                    b"MESSAGE": b"hi",
+                    b"_SYSTEMD_UNIT": b"vllm.service",
+                    b"_SYSTEMD_INVOCATION_ID": b"ab",
+                    b"_PID": b"7",
+                }
+            ),
+            decode(
+                {
+                    b"__CURSOR": b"c2",
+                    b"__REALTIME_TIMESTAMP": b"1700000000000000",
+                    b"MESSAGE": b"vllm.service: Main process exited, code=exited, status=1/FAILURE",
+                    b"MESSAGE_ID": LifecycleEvent.PROCESS_EXITED.value.encode(),
+                    b"_PID": b"1",
+                    b"_SYSTEMD_UNIT": b"init.scope",
+                    b"UNIT": b"vllm.service",
+                    b"INVOCATION_ID": b"ab",
+                    b"EXIT_CODE": b"exited",
+                    b"EXIT_STATUS": b"1",
+                }
+            ),
+        ]
+        assert exported == entries
+        assert (first, last) == (b"c1", b"c2")
+
+    @pytest.mark.parametrize("cut", [1, 5, 40, 95, 100, 101])
+    def test_any_chunk_boundary_gives_the_same_entries(self, cut: int) -> None:
+        """Rows and messages split across reads (a message holding newlines) are reassembled."""
+        stream = _row("c1", b"line\nwith\nnewlines") + b"c2\n" + _row("c3", b"\r99%")
+        parser = LineParser()
+        first_part, _, _ = parser.feed(stream[:cut])
+        rest, _, last = parser.feed(stream[cut:])
+        messages = [e.message for e in first_part + rest]
+        assert messages == ["line\nwith\nnewlines", "99%"]
+        assert last == b"c3"
+
+    def test_cursor_only_record_moves_the_checkpoint(self) -> None:
+        """A row with only a cursor yields no entry but is the last cursor read."""
+        entries, first, last = LineParser().feed(_row("c1", b"x") + b"c9\n")
+        assert ([e.cursor.encode() for e in entries], first, last) == ([b"c1"], b"c1", b"c9")
+
+    def test_a_malformed_row_is_counted_and_skipped(self) -> None:
+        """Bad data never raises: the row is counted and parsing resumes at the next line."""
+        parser = LineParser()
+        entries, _, _ = parser.feed(b"a\tb\tc\n" + _row("c1", b"ok"))
+        assert ([e.message for e in entries], parser.invalid) == (["ok"], 1)

@@ -1,8 +1,12 @@
-"""The journalctl reader against real journal files written by systemd-journal-remote."""
+"""The journal reader against real journal files written by systemd-journal-remote.
+
+Every test of real journals runs with both children: `journalctl` and the libsystemd reader.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -12,10 +16,23 @@ import pytest
 from conftest import poll
 
 from supervisor.errors import JournalError
-from supervisor.journal.reader import JournalctlReader, ReaderSettings, journalctl_argv, read_all
+from supervisor.journal.reader import (
+    JournalctlReader,
+    ReaderSettings,
+    journalctl_argv,
+    native_argv,
+    read_all,
+    reader_argv,
+    resolve_source,
+)
 from supervisor.journal.writer import JournalWriter, crashed_invocation, service_lines
 
 UNIT = "vllm.service"
+
+
+@pytest.fixture(name="source", params=["journalctl", "native"])
+def _source(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def _lines(prefix: str, count: int) -> list[str]:
@@ -56,18 +73,20 @@ class TestCommandLine:
 class TestRealJournal:
     """Reading and following journals written by journal-remote."""
 
-    async def test_reads_unit_lines_and_pid1_messages(self, journal_dir: Path) -> None:
+    async def test_reads_unit_lines_and_pid1_messages(self, journal_dir: Path, source: str) -> None:
         """-u matches the service's own lines and PID 1's messages about it, nothing else."""
         with JournalWriter(journal_dir) as writer:
             writer.write(crashed_invocation(UNIT, ["boom"], restarts=1))
             writer.write(service_lines("other.service", "x" * 32, ["not ours"]))
-        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False)
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False, source=source)
         entries = [e async for batch in read_all(settings) for e in batch]
         assert "not ours" not in [e.message for e in entries]
         assert [e.message_id is not None for e in entries] == [True, False, True, True, True]
         assert {e.unit for e in entries} == {UNIT}
 
-    async def test_binary_long_and_bad_fields_are_decoded(self, journal_dir: Path) -> None:
+    async def test_binary_long_and_bad_fields_are_decoded(
+        self, journal_dir: Path, source: str
+    ) -> None:
         """\\r, non-UTF-8, NUL and >4 KiB messages arrive decoded, none lost."""
         inv = "a" * 32
         special = [b"bar 1%\rbar 99%", b"\xff\xfe\xfd", b"nul\x00inside", b"L" * 70_000]
@@ -76,7 +95,7 @@ class TestRealJournal:
                 {**e, "MESSAGE": m}
                 for e, m in zip(service_lines(UNIT, inv, ["x"] * 4), special, strict=True)
             )
-        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False)
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False, source=source)
         messages = [e.message async for batch in read_all(settings) for e in batch]
         assert messages[0] == "bar 99%"
         assert messages[1] == "\ufffd\ufffd\ufffd"
@@ -84,13 +103,13 @@ class TestRealJournal:
         assert messages[3] == "L" * 16384
 
     async def test_follow_kill_and_resume_loses_and_repeats_nothing(
-        self, journal_dir: Path, writer: JournalWriter
+        self, journal_dir: Path, source: str, writer: JournalWriter
     ) -> None:
         """Killing journalctl and restarting the reader from its cursor yields each entry once."""
         inv = "b" * 32
         writer.write(service_lines(UNIT, inv, _lines("early", 300)))
         settings = ReaderSettings(
-            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05, source=source
         )
         states: list[bool] = []
         reader = JournalctlReader(settings, on_following=states.append)
@@ -118,12 +137,12 @@ class TestRealJournal:
         assert more == _lines("after", 50)
 
     async def test_follows_a_unit_that_had_not_logged_yet(
-        self, journal_dir: Path, writer: JournalWriter
+        self, journal_dir: Path, source: str, writer: JournalWriter
     ) -> None:
         """Entries of a unit that first logs after the reader started arrive; others do not."""
         writer.write(service_lines("other.service", "d" * 32, _lines("other", 5)))
         settings = ReaderSettings(
-            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05, source=source
         )
         reader = JournalctlReader(settings)
         got: list[str] = []
@@ -135,11 +154,13 @@ class TestRealJournal:
         assert got == _lines("ours", 3)
 
     async def test_tail_start_is_pinned_before_following_is_announced(
-        self, journal_dir: Path, writer: JournalWriter
+        self, journal_dir: Path, source: str, writer: JournalWriter
     ) -> None:
         """Starting at the tail skips the past, and nothing written after `following` is lost."""
         writer.write(service_lines(UNIT, "f" * 32, _lines("past", 4)))
-        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), start_at="tail")
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="tail", source=source
+        )
         once = dataclasses.replace(settings, follow=False)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
@@ -156,12 +177,12 @@ class TestRealJournal:
         assert got == _lines("new", 2)
 
     async def test_unparsable_cursor_falls_back_instead_of_crash_looping(
-        self, journal_dir: Path, writer: JournalWriter
+        self, journal_dir: Path, source: str, writer: JournalWriter
     ) -> None:
         """A corrupt saved cursor is dropped with a warning and reading goes on."""
         writer.write(service_lines(UNIT, "c" * 32, _lines("line", 5)))
         settings = ReaderSettings(
-            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05, source=source
         )
         reader = JournalctlReader(settings, cursor="garbage-cursor")
         got: list[str] = []
@@ -175,3 +196,99 @@ async def _read_or_empty(settings: ReaderSettings) -> list[str]:
         return [e.message async for batch in read_all(settings) for e in batch]
     except JournalError:
         return []
+
+
+class TestSourceChoice:
+    """Which child runs: the native reader when built, journalctl otherwise or on request."""
+
+    def test_auto_prefers_the_native_reader_when_built(self) -> None:
+        """'auto' runs the libsystemd child, which this checkout builds (libsystemd-dev)."""
+        argv = reader_argv(ReaderSettings(units=(UNIT,), source="auto"), None)
+        assert argv[1:3] == ["-m", "supervisor.journal.native_child"]
+
+    def test_journalctl_can_be_forced(self) -> None:
+        """reader = 'journalctl' keeps the journalctl child even when native is built."""
+        argv = reader_argv(ReaderSettings(source="journalctl", journalctl="/bin/jctl"), None)
+        assert argv[0] == "/bin/jctl"
+
+    def test_unknown_source_is_refused(self) -> None:
+        """A misspelt source is an error naming the choices, not a silent fallback."""
+        with pytest.raises(JournalError, match="one of auto, native, journalctl"):
+            resolve_source("systemd-python")
+
+    @pytest.mark.parametrize(
+        ("follow", "cursor", "expected"),
+        [
+            (True, None, ["--follow", "--start=tail"]),  # tail is pinned by cursor first
+            (True, "s=1;i=2", ["--follow", "--cursor=s=1;i=2"]),  # inclusive, like --cursor
+            (False, None, ["--start=head"]),  # read once: the whole journal
+        ],
+    )
+    def test_native_start_points(
+        self, follow: bool, cursor: str | None, expected: list[str]
+    ) -> None:
+        """The native child takes the same start points as journalctl's argv."""
+        settings = ReaderSettings(units=(UNIT,), follow=follow, start_at="tail")
+        argv = native_argv(settings, cursor)
+        assert expected == argv[-len(expected) :]
+        assert f"--unit={UNIT}" in argv
+
+
+class TestRotation:
+    """journald's rotation and vacuum under a follower: the crash-isolation the child exists for."""
+
+    async def test_rotation_vacuum_and_a_truncated_file_lose_nothing(
+        self, journal_dir: Path, source: str
+    ) -> None:
+        """Rotate, vacuum and truncate journal files while following: every entry exactly once.
+
+        1. `remote.journal` is archived under journald's name for rotated files and a new active
+           file is started; 2. the archived file is deleted (vacuum); 3. another archived file the
+        reader has mapped is truncated to nothing, which is what made libsystemd readers die with
+        SIGBUS before systemd 255. If the child dies, the reader restarts it from its cursor.
+        """
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", backoff_s=0.05, source=source
+        )
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        expected: list[str] = []
+        task = asyncio.create_task(_collect(reader, asyncio.Event(), 10**9, got))
+        writer = JournalWriter(journal_dir)
+        try:
+            for step in ("gen1", "gen2", "gen3", "gen4"):
+                if step != "gen1":
+                    writer = _rotate(journal_dir, writer, step)
+                lines = _lines(step, 200)
+                writer.write(service_lines(UNIT, "9" * 32, lines))
+                expected += lines
+                want = len(expected)
+                await poll(lambda want=want: len(got) >= want, within=30, each=writer.nudge)
+        finally:
+            writer.close()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await reader.aclose()
+        assert expected == got
+        if source == "native":
+            # On systemd 252 the libsystemd child dies of SIGBUS (exit -7) on the truncated file;
+            # the restart from its cursor is what kept every entry above.
+            assert reader.restarts >= 1
+
+
+def _rotate(directory: Path, writer: JournalWriter, step: str) -> JournalWriter:
+    """Archive `remote.journal` under journald's rotated-file name; a new writer continues.
+
+    Before gen3 the oldest archived file is also deleted (vacuum); before gen4 the newest
+    archived one, which the reader has mapped, is truncated to nothing.
+    """
+    writer.close()
+    factory = writer.factory
+    archived = f"remote@{factory.seqnum_id}-{factory.seqnum:016x}-{factory.clock_us:016x}.journal"
+    (directory / "remote.journal").rename(directory / archived)
+    if step == "gen3":
+        min(directory.glob("remote@*.journal")).unlink()
+    if step == "gen4":
+        os.truncate(max(directory.glob("remote@*.journal")), 0)
+    return JournalWriter(directory, factory=factory)

@@ -13,8 +13,10 @@ the exact, slower path. Bad data never raises: it is skipped and counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from supervisor.model import EMPTY, JournalEntry
 
@@ -65,7 +67,8 @@ class ExportParser:
             if end < 0:
                 break
             try:
-                entries.append(dict(line.split(b"=", 1) for line in buf[pos:end].split(b"\n")))
+                # A list, not a generator: no frame resumed per field (~25% faster here).
+                entries.append(dict([line.split(b"=", 1) for line in buf[pos:end].split(b"\n")]))
                 pos = end + 2
             except ValueError:
                 parsed = self._parse_exact(buf, pos)
@@ -111,33 +114,189 @@ class ExportParser:
 
 def decode(fields: Fields, *, max_chars: int = 16384) -> JournalEntry | None:
     """Build a `JournalEntry` from raw fields; None when the entry has no cursor."""
-    cursor = fields.get(b"__CURSOR")
+    get = fields.get
+    cursor = get(b"__CURSOR")
     if cursor is None:
         return None
-    message_id = fields.get(b"MESSAGE_ID")
-    pid = fields.get(b"_PID")
+    message_id = get(b"MESSAGE_ID")
+    pid = get(b"_PID")
     # PID 1 (or a user manager) logs *about* a unit with UNIT=; its own _SYSTEMD_UNIT is init.scope.
-    about = fields.get(b"UNIT") if message_id is not None or pid == b"1" else None
+    about = get(b"UNIT") if message_id is not None or pid == b"1" else None
     unit: bytes | None
     if about is not None:
-        unit, invocation = about, fields.get(b"INVOCATION_ID")
-    elif (obj := fields.get(b"OBJECT_SYSTEMD_UNIT")) is not None:
+        unit, invocation = about, get(b"INVOCATION_ID")
+    elif (obj := get(b"OBJECT_SYSTEMD_UNIT")) is not None:
         unit, invocation = obj, None
     else:
-        unit, invocation = fields.get(b"_SYSTEMD_UNIT"), fields.get(b"_SYSTEMD_INVOCATION_ID")
-    priority = fields.get(b"PRIORITY")
-    return JournalEntry(
-        cursor=cursor.decode("ascii", "replace"),
-        realtime_us=_int(fields.get(b"__REALTIME_TIMESTAMP")) or 0,
-        message=message_text(fields.get(b"MESSAGE", b""), max_chars),
-        unit=unit.decode("utf-8", "replace") if unit is not None else None,
-        invocation_id=invocation.decode("ascii", "replace") if invocation is not None else None,
-        pid=_int(pid),
-        priority=_int(priority),
-        message_id=message_id.decode("ascii", "replace") if message_id is not None else None,
-        from_pid1=pid == b"1",
-        fields=_lifecycle(fields) if message_id is not None else EMPTY,
+        unit, invocation = get(b"_SYSTEMD_UNIT"), get(b"_SYSTEMD_INVOCATION_ID")
+    return _new_entry(
+        cursor.decode("ascii", "replace"),
+        _int(get(b"__REALTIME_TIMESTAMP")) or 0,
+        _message(get(b"MESSAGE", b""), max_chars),
+        unit.decode("utf-8", "replace") if unit is not None else None,
+        invocation.decode("ascii", "replace") if invocation is not None else None,
+        _int(pid),
+        _int(get(b"PRIORITY")),
+        message_id.decode("ascii", "replace") if message_id is not None else None,
+        pid == b"1",
+        _lifecycle(fields) if message_id is not None else EMPTY,
     )
+
+
+def _message(raw: bytes, max_chars: int) -> str:
+    if len(raw) <= max_chars and b"\r" not in raw and b"\x00" not in raw:
+        return raw.decode("utf-8", "replace")  # what message_text returns for such a line
+    return message_text(raw, max_chars)
+
+
+# The row of the native reader's lean framing: every output field but MESSAGE, in order.
+LINE_FIELDS = tuple(name for name in OUTPUT_FIELDS if name != b"MESSAGE")
+_LINE_COLUMNS = 2 + len(LINE_FIELDS) + 1  # cursor, realtime, the fields, the message's length
+_LIFECYCLE_NAMES = tuple(name.decode() for name in LIFECYCLE_FIELDS)
+
+
+@dataclass(slots=True)
+class LineParser:
+    """Turns the native reader's lean framing (`_sdjournal.c`, `write_lines`) into entries.
+
+    One tab-separated row per entry (cursor, realtime, the fields of `LINE_FIELDS`, the length of
+    the message), then the message bytes and a newline: one `split` per entry instead of a dict
+    of KEY=VALUE lines, and no dict at all. An absent field is empty, so an empty field counts as
+    absent here (`decode` would keep an empty UNIT=; no unit is named ""). A row with only a
+    cursor moves the checkpoint past entries of other units.
+    """
+
+    max_chars: int = 16384
+    invalid: int = 0
+    _buffer: bytes = b""
+
+    def feed(self, chunk: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
+        """The entries `chunk` completes, and the first and last record's cursor (raw)."""
+        buf = self._buffer + chunk if self._buffer else chunk
+        entries: list[JournalEntry] = []
+        first: bytes | None = None
+        last: bytes | None = None
+        pos = 0
+        size = len(buf)
+        find = buf.find
+        max_chars = self.max_chars
+        while (newline := find(b"\n", pos)) >= 0:
+            row = buf[pos:newline].split(b"\t")
+            if len(row) != _LINE_COLUMNS or not row[-1].isdigit():
+                if len(row) == 1:  # a cursor-only record
+                    last = row[0]
+                    first = first or last
+                else:
+                    self.invalid += 1  # out of step: resynchronise at the next line
+                pos = newline + 1
+                continue
+            # The order of LINE_FIELDS (checked at import).
+            (
+                cursor,
+                realtime,
+                message_id,
+                priority,
+                pid,
+                service_unit,
+                service_invocation,
+                about_unit,
+                about_invocation,
+                object_unit,
+                *lifecycle,
+                length,
+            ) = row
+            end = newline + 1 + int(length)
+            if end >= size:
+                break
+            unit, invocation = (
+                (about_unit, about_invocation)
+                if about_unit and (message_id or pid == b"1")
+                else (object_unit, b"")
+                if object_unit
+                else (service_unit, service_invocation)
+            )
+            raw = buf[newline + 1 : end]
+            # _message's fast path, inline: this loop runs once per entry.
+            if len(raw) <= max_chars and b"\r" not in raw and b"\x00" not in raw:
+                message = raw.decode("utf-8", "replace")
+            else:
+                message = message_text(raw, max_chars)
+            entries.append(
+                _new_entry(
+                    cursor.decode("ascii", "replace"),
+                    int(realtime) if realtime.isdigit() else 0,
+                    message,
+                    unit.decode("utf-8", "replace") if unit else None,
+                    invocation.decode("ascii", "replace") if invocation else None,
+                    int(pid) if pid.isdigit() else None,
+                    int(priority) if priority.isdigit() else None,
+                    message_id.decode("ascii", "replace") if message_id else None,
+                    pid == b"1",
+                    _lifecycle_row(lifecycle) if message_id else EMPTY,
+                )
+            )
+            last = cursor
+            first = first or cursor
+            pos = end + 1
+        self._buffer = buf[pos:]
+        return entries, first, last
+
+
+def _lifecycle_row(values: list[bytes]) -> dict[str, str]:
+    return {
+        key: value.decode("utf-8", "replace")
+        for key, value in zip(_LIFECYCLE_NAMES, values, strict=True)
+        if value
+    }
+
+
+if (
+    b"MESSAGE_ID",
+    b"PRIORITY",
+    b"_PID",
+    b"_SYSTEMD_UNIT",
+    b"_SYSTEMD_INVOCATION_ID",
+    b"UNIT",
+    b"INVOCATION_ID",
+    b"OBJECT_SYSTEMD_UNIT",
+    *LIFECYCLE_FIELDS,
+) != LINE_FIELDS:
+    raise RuntimeError("LineParser.feed unpacks the row in another order than OUTPUT_FIELDS")
+
+
+def _entry_factory() -> Callable[..., JournalEntry]:
+    """`JournalEntry(...)` by position, without the frozen dataclass's `__init__`.
+
+    A frozen dataclass sets each field through `object.__setattr__` (~2.7 us for the ten fields
+    of an entry here, a fifth of the per-entry budget); the slots' own descriptors do the same
+    job in ~1 us. The result is an ordinary, equal, still-frozen `JournalEntry`.
+    """
+    cls: Any = JournalEntry
+    setters = [getattr(cls, name).__set__ for name in cls.__slots__]
+    if tuple(cls.__slots__) != tuple(f.name for f in dataclasses.fields(JournalEntry)):
+        raise RuntimeError("JournalEntry's slots no longer follow its fields")
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = setters
+    new = object.__new__
+
+    def make(*values: Any) -> JournalEntry:
+        entry = new(cls)
+        v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = values
+        s0(entry, v0)
+        s1(entry, v1)
+        s2(entry, v2)
+        s3(entry, v3)
+        s4(entry, v4)
+        s5(entry, v5)
+        s6(entry, v6)
+        s7(entry, v7)
+        s8(entry, v8)
+        s9(entry, v9)
+        return entry  # type: ignore[no-any-return]
+
+    return make
+
+
+_new_entry = _entry_factory()
 
 
 def message_text(raw: bytes, max_chars: int) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from slack_server import SlackServer
 
-from faults.harness import Supervisor, comm, write_config
+from faults.harness import Supervisor, is_reader, write_config
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,7 +35,8 @@ def _supervisors() -> Iterator[list[Supervisor]]:
         sup.stop_quietly()
         for pid in sup.orphans:
             # journalctl children of a SIGKILLed supervisor outlive it; they are ours to end.
-            if comm(pid) == "journalctl":
+            # (The native reader asks the kernel to end it with its parent: PR_SET_PDEATHSIG.)
+            if is_reader(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -45,8 +46,12 @@ SupervisorFactory = Callable[..., Supervisor]
 
 @pytest.fixture(name="make_supervisor")
 def _make_supervisor(tmp_path: Path, supervisors: list[Supervisor]) -> SupervisorFactory:
-    def make(*, slack_url: str | None = None, extra: str = "", state: str = "") -> Supervisor:
-        config = write_config(tmp_path, slack_url=slack_url, extra=extra, state=state)
+    def make(
+        *, slack_url: str | None = None, extra: str = "", state: str = "", reader: str = "auto"
+    ) -> Supervisor:
+        config = write_config(
+            tmp_path, slack_url=slack_url, extra=extra, state=state, reader=reader
+        )
         sup = Supervisor(tmp_path, config)
         supervisors.append(sup)
         return sup

@@ -36,6 +36,7 @@ def write_config(
     extra: str = "",
     state: str = "",
     systemd: str = "enabled = false\n",
+    reader: str = "auto",
 ) -> Path:
     """A config for a supervisor following `root/journal` with private state (and by default
     no systemd; `systemd` replaces the [systemd] section's body)."""
@@ -47,7 +48,7 @@ def write_config(
         )
     text = (
         f"[systemd]\n{systemd}"
-        f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\n'
+        f'[journal]\ndirectory = "{root / "journal"}"\nstart_at = "head"\nreader = "{reader}"\n'
         "restart_backoff_s = 0.1\nrestart_backoff_max_s = 0.5\n"
         f'[state]\nstate_dir = "{root / "state"}"\nruntime_dir = "{root / "run"}"\n'
         f"{state}"
@@ -166,6 +167,11 @@ class Supervisor:
                     out.append(json.loads(line))
         return out
 
+    def following(self) -> bool:
+        """Has the current run started following the journal (its signal handlers are set)?"""
+        text = self.logs[-1].read_text(encoding="utf-8", errors="replace")
+        return '"event": "following_journal"' in text
+
     def stderr_text(self) -> str:
         """All runs' stderr, for failure messages."""
         return "\n".join(p.read_text(errors="replace")[-4000:] for p in self.logs)
@@ -185,6 +191,15 @@ def comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def is_reader(pid: int) -> bool:
+    """Is `pid` a journal reader child: journalctl, or the native libsystemd reader?"""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return comm(pid) == "journalctl" or b"supervisor.journal.native_child" in argv
 
 
 def db_rows(state_dir: Path, sql: str) -> list[Any]:
