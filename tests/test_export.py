@@ -236,3 +236,39 @@ class TestLineParser:
         parser = LineParser()
         entries, _, _ = parser.feed(b"a\tb\tc\n" + _row("c1", b"ok"))
         assert ([e.message for e in entries], parser.invalid) == (["ok"], 1)
+
+
+FORGED = {
+    "MESSAGE_ID": LifecycleEvent.PROCESS_EXITED.value,
+    "UNIT": "vllm.service",
+    "INVOCATION_ID": "ab",
+    "OBJECT_SYSTEMD_UNIT": "vllm.service",
+    "_SYSTEMD_UNIT": "user@1000.service",
+    "_SYSTEMD_INVOCATION_ID": "cd",
+}
+
+
+@pytest.mark.parametrize(
+    ("sender", "unit"),
+    [
+        ({"_PID": "4321", "_UID": "1000"}, "user@1000.service"),  # sd_journal_send by a user
+        ({"_PID": "4321"}, "user@1000.service"),  # no _UID: not trusted either
+        ({"_PID": "1", "_UID": "0"}, "vllm.service"),  # systemd itself
+        ({"_PID": "512", "_UID": "0"}, "vllm.service"),  # root: journald, systemd-coredump
+    ],
+)
+def test_unit_fields_count_only_from_trusted_senders(sender: dict[str, str], unit: str) -> None:
+    """UNIT=, INVOCATION_ID= and OBJECT_SYSTEMD_UNIT= from anyone but PID 1 or root are ignored."""
+    fields = {**FORGED, **sender}
+    exported = decode(
+        {
+            b"__CURSOR": b"c1",
+            b"__REALTIME_TIMESTAMP": b"1700000000000000",
+            b"MESSAGE": b"x",
+            **{k.encode(): v.encode() for k, v in fields.items()},
+        }
+    )
+    [native], _, _ = LineParser().feed(_row("c1", b"x", **fields))
+    assert exported == native
+    assert native.unit == unit
+    assert native.invocation_id == ("ab" if unit == "vllm.service" else "cd")

@@ -42,6 +42,7 @@ OUTPUT_FIELDS = (
     b"UNIT",
     b"INVOCATION_ID",
     b"OBJECT_SYSTEMD_UNIT",
+    b"_UID",
     *LIFECYCLE_FIELDS,
 )
 _LENGTH_BYTES = 8
@@ -120,12 +121,14 @@ def decode(fields: Fields, *, max_chars: int = 16384) -> JournalEntry | None:
         return None
     message_id = get(b"MESSAGE_ID")
     pid = get(b"_PID")
-    # PID 1 (or a user manager) logs *about* a unit with UNIT=; its own _SYSTEMD_UNIT is init.scope.
-    about = get(b"UNIT") if message_id is not None or pid == b"1" else None
+    # PID 1 logs *about* a unit with UNIT=; its own _SYSTEMD_UNIT is init.scope. Any process can
+    # write UNIT= or OBJECT_SYSTEMD_UNIT=, so they count only from a trusted sender.
+    trusted = pid == b"1" or get(b"_UID") == b"0"
+    about = get(b"UNIT") if trusted else None
     unit: bytes | None
     if about is not None:
         unit, invocation = about, get(b"INVOCATION_ID")
-    elif (obj := get(b"OBJECT_SYSTEMD_UNIT")) is not None:
+    elif trusted and (obj := get(b"OBJECT_SYSTEMD_UNIT")) is not None:
         unit, invocation = obj, None
     else:
         unit, invocation = get(b"_SYSTEMD_UNIT"), get(b"_SYSTEMD_INVOCATION_ID")
@@ -202,17 +205,19 @@ class LineParser:
                 about_unit,
                 about_invocation,
                 object_unit,
+                uid,
                 *lifecycle,
                 length,
             ) = row
             end = newline + 1 + int(length)
             if end >= size:
                 break
+            trusted = pid == b"1" or uid == b"0"  # as in `decode`
             unit, invocation = (
                 (about_unit, about_invocation)
-                if about_unit and (message_id or pid == b"1")
+                if about_unit and trusted
                 else (object_unit, b"")
-                if object_unit
+                if object_unit and trusted
                 else (service_unit, service_invocation)
             )
             raw = buf[newline + 1 : end]
@@ -259,6 +264,7 @@ if (
     b"UNIT",
     b"INVOCATION_ID",
     b"OBJECT_SYSTEMD_UNIT",
+    b"_UID",
     *LIFECYCLE_FIELDS,
 ) != LINE_FIELDS:
     raise RuntimeError("LineParser.feed unpacks the row in another order than OUTPUT_FIELDS")
