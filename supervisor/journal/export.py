@@ -31,9 +31,8 @@ LIFECYCLE_FIELDS = (
     b"JOB_TYPE",
     b"N_DROPPED",
 )
-# What journalctl is asked for (--output-fields); __CURSOR and the timestamps always come.
-OUTPUT_FIELDS = (
-    b"MESSAGE",
+# The fields of the native reader's row, in order: `LineParser.feed` unpacks them by position.
+LINE_FIELDS = (
     b"MESSAGE_ID",
     b"PRIORITY",
     b"_PID",
@@ -45,6 +44,8 @@ OUTPUT_FIELDS = (
     b"_UID",
     *LIFECYCLE_FIELDS,
 )
+# What journalctl is asked for (--output-fields); __CURSOR and the timestamps always come.
+OUTPUT_FIELDS = (b"MESSAGE", *LINE_FIELDS)
 _LENGTH_BYTES = 8
 
 
@@ -152,8 +153,6 @@ def _message(raw: bytes, max_chars: int) -> str:
     return message_text(raw, max_chars)
 
 
-# The row of the native reader's lean framing: every output field but MESSAGE, in order.
-LINE_FIELDS = tuple(name for name in OUTPUT_FIELDS if name != b"MESSAGE")
 _LINE_COLUMNS = 2 + len(LINE_FIELDS) + 1  # cursor, realtime, the fields, the message's length
 _LIFECYCLE_NAMES = tuple(name.decode() for name in LIFECYCLE_FIELDS)
 
@@ -193,7 +192,7 @@ class LineParser:
                     self.invalid += 1  # out of step: resynchronise at the next line
                 pos = newline + 1
                 continue
-            # The order of LINE_FIELDS (checked at import).
+            # The order of LINE_FIELDS.
             (
                 cursor,
                 realtime,
@@ -253,21 +252,6 @@ def _lifecycle_row(values: list[bytes]) -> dict[str, str]:
         for key, value in zip(_LIFECYCLE_NAMES, values, strict=True)
         if value
     }
-
-
-if (
-    b"MESSAGE_ID",
-    b"PRIORITY",
-    b"_PID",
-    b"_SYSTEMD_UNIT",
-    b"_SYSTEMD_INVOCATION_ID",
-    b"UNIT",
-    b"INVOCATION_ID",
-    b"OBJECT_SYSTEMD_UNIT",
-    b"_UID",
-    *LIFECYCLE_FIELDS,
-) != LINE_FIELDS:
-    raise RuntimeError("LineParser.feed unpacks the row in another order than OUTPUT_FIELDS")
 
 
 def _entry_factory() -> Callable[..., JournalEntry]:
