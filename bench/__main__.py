@@ -36,7 +36,7 @@ CHILD_ONLY = ("export", "export_fields", "native")  # no Python consumer: no Pyt
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--entries", type=int, default=500_000)
+    parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="small and fast: the CI smoke")
     parser.add_argument("--no-live", action="store_true", help="skip the follow-mode figures")
