@@ -54,6 +54,7 @@ class SlackServer:
         self.script: deque[Reply] = deque()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
+        self._active = 0  # connections accepted and not yet closed
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -65,7 +66,7 @@ class SlackServer:
 
     def start(self) -> None:
         """Listen (on the same port as before, after a stop)."""
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
+        self._server = _CountingServer(("127.0.0.1", self.port), self._handler_class(), self)
         self._server.daemon_threads = True
         if self.tls is not None:
             self._server.socket = self.tls.wrap_socket(self._server.socket, server_side=True)
@@ -94,6 +95,15 @@ class SlackServer:
         """Requests received so far."""
         with self._lock:
             return len(self.requests)
+
+    def idle(self) -> bool:
+        """True when no connection is open: every request that arrived has been recorded."""
+        with self._lock:
+            return self._active == 0
+
+    def _busy(self, delta: int) -> None:
+        with self._lock:
+            self._active += delta
 
     def _record(self, request: Request) -> Reply:
         with self._lock:
@@ -127,3 +137,26 @@ class SlackServer:
                     super().handle()
 
         return Handler
+
+
+class _CountingServer(ThreadingHTTPServer):
+    """Counts open connections from accept to close, so a test can wait for the server to idle."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        owner: SlackServer,
+    ) -> None:
+        super().__init__(address, handler)
+        self._owner = owner
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._owner._busy(1)  # in the accepting thread, before the handler thread exists
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        try:
+            super().shutdown_request(request)
+        finally:
+            self._owner._busy(-1)

@@ -47,10 +47,20 @@ SupervisorFactory = Callable[..., Supervisor]
 @pytest.fixture(name="make_supervisor")
 def _make_supervisor(tmp_path: Path, supervisors: list[Supervisor]) -> SupervisorFactory:
     def make(
-        *, slack_url: str | None = None, extra: str = "", state: str = "", reader: str = "auto"
+        *,
+        slack_url: str | None = None,
+        extra: str = "",
+        state: str = "",
+        reader: str = "auto",
+        slack_timeout_s: float = 2.0,
     ) -> Supervisor:
         config = write_config(
-            tmp_path, slack_url=slack_url, extra=extra, state=state, reader=reader
+            tmp_path,
+            slack_url=slack_url,
+            extra=extra,
+            state=state,
+            reader=reader,
+            slack_timeout_s=slack_timeout_s,
         )
         sup = Supervisor(tmp_path, config)
         supervisors.append(sup)

@@ -37,6 +37,7 @@ def write_config(
     state: str = "",
     systemd: str = "enabled = false\n",
     reader: str = "auto",
+    slack_timeout_s: float = 2.0,
 ) -> Path:
     """A config for a supervisor following `root/journal` with private state (and by default
     no systemd; `systemd` replaces the [systemd] section's body)."""
@@ -44,7 +45,7 @@ def write_config(
     if slack_url is not None:
         slack = (
             f'[slack]\nwebhook_url = "{slack_url}"\nmin_interval_s = 0.01\n'
-            "timeout_s = 2.0\nbackoff_max_s = 0.5\nmax_attempts = 1000\n"
+            f"timeout_s = {slack_timeout_s}\nbackoff_max_s = 0.5\nmax_attempts = 1000\n"
         )
     text = (
         f"[systemd]\n{systemd}"
