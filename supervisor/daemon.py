@@ -23,7 +23,12 @@ import structlog
 from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import StateError
-from supervisor.journal.reader import JournalctlReader, ReaderSettings, cursor_realtime_us
+from supervisor.journal.reader import (
+    JournalctlReader,
+    ReaderSettings,
+    cursor_realtime_us,
+    resolve_source,
+)
 from supervisor.metrics import Metrics
 from supervisor.model import Action, JournalEntry, Outcome
 from supervisor.notify.slack import action_taken_for
@@ -380,7 +385,11 @@ class Daemon:
         await first_of(self.reader.following.wait(), stop.wait())
         if stop.is_set():
             return
-        log.info("following_journal", cursor=self.reader.cursor)
+        log.info(
+            "following_journal",
+            cursor=self.reader.cursor,
+            reader=resolve_source(self.reader.settings.source),
+        )
         if self.reporter is not None:
             self.reporter.ready()
         self._report_status()

@@ -168,9 +168,14 @@ def start_supervisor(box: Container, config: str = SUPERVISOR_CONFIG) -> None:
 
 
 def following(box: Container) -> bool:
-    """True once the supervisor's journal reader runs (it logs `following_journal`)."""
+    """True once the supervisor's journal reader runs (it logs `following_journal`).
+
+    The shipped unit's hardening must let the native libsystemd reader run: it is the default.
+    """
     lines = box.journal("-u", "vllm-supervisor.service")
-    return any("following_journal" in str(e.get("MESSAGE")) for e in lines)
+    events = [str(e.get("MESSAGE")) for e in lines if "following_journal" in str(e.get("MESSAGE"))]
+    assert all('"reader": "native"' in event for event in events), events
+    return bool(events)
 
 
 def history(box: Container) -> list[dict[str, Any]]:
