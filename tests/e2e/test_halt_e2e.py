@@ -298,6 +298,17 @@ class TestSystemdMechanism:
         )
 
 
+def test_supervisor_unit_exposure_is_at_most_2(container: Container) -> None:
+    """`systemd-analyze security` rates the shipped unit, as installed, 2.0 or better."""
+    out = container.run(
+        "systemd-analyze", "security", "--no-pager", "vllm-supervisor.service"
+    ).stdout
+    [line] = [x for x in out.splitlines() if "Overall exposure level" in x]
+    score = float(line.split(":")[1].split()[0])
+    print(f"\n{line.strip()}")
+    assert score <= 2.0, out[-3000:]
+
+
 class TestSupervisorHalts:
     """The shipped supervisor unit against a crash-looping served unit."""
 
