@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.app import load_table
-from supervisor.config import Config, UnitConfig, load_config
+from supervisor.config import Config, UnitConfig, load_config, parse_listen
 from supervisor.journal.export import decode_all
 from supervisor.journal.writer import crashed_invocation
 from supervisor.pipeline import Pipeline
@@ -34,6 +34,11 @@ class TestShippedConfig:
         assert all(
             u.health_url and u.health_url.startswith("http://127.0.0.1:") for u in config.units
         )
+
+    def test_metrics_listen_on_loopback_by_default(self, config: Config) -> None:
+        """Neither the built-in default nor the shipped config exposes /metrics beyond the host."""
+        assert parse_listen(Config().metrics.listen)[0] == "127.0.0.1"
+        assert parse_listen(config.metrics.listen)[0] == "127.0.0.1"
 
     def test_signature_sets_exist_in_the_table(self, config: Config) -> None:
         """Every signature set a unit names is a domain of the table, and each subset loads."""
