@@ -99,6 +99,7 @@ class StateConfig:
     persistent_quarantine: bool = False  # keep halts across reboots (state_dir instead of runtime)
     on_bad_cursor: str = "tail"  # a saved cursor from another journal: "tail" or "head"
     commit_retry_max_s: float = 30.0  # longest wait between retries of a failed commit (disk full)
+    checkpoint_interval_s: float = 1.0  # batches with no decision commit the cursor this often
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,6 +253,7 @@ def validate(config: Config) -> Config:
         _positive(f"tracker.{key}", getattr(config.tracker, key))
     _positive("journal.restart_backoff_s", config.journal.restart_backoff_s)
     _positive("state.commit_retry_max_s", config.state.commit_retry_max_s)
+    _positive("state.checkpoint_interval_s", config.state.checkpoint_interval_s)
     _positive("slack.timeout_s", config.slack.timeout_s)
     _positive("slack.max_attempts", config.slack.max_attempts)
     if config.slack.webhook_url is not None and config.slack.webhook_url_file is not None:

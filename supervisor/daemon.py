@@ -141,6 +141,7 @@ class Daemon:
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
         self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
+        self._committed_at = 0.0  # time.monotonic() of the last successful commit
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
 
@@ -171,6 +172,7 @@ class Daemon:
             tasks.create_task(self._announce_ready(stop))
             tasks.create_task(self._settle(stop))
             tasks.create_task(self._retry_commits(stop))
+            tasks.create_task(self._checkpoint_quiet(stop))
             if self.notifier is not None:
                 tasks.create_task(self.notifier.run(stop))
             for extra in self.extra_tasks:
@@ -184,7 +186,7 @@ class Daemon:
     async def _follow(self, stop: asyncio.Event) -> None:
         async for batch in self.reader.batches(stop):
             await self.handle_batch(batch)
-        self._commit([])
+        self._commit([], force=True)
 
     async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
         """Track, decide, act and checkpoint one batch of entries."""
@@ -314,10 +316,17 @@ class Daemon:
         self.metrics.units_halted(unit, True)
         return outcome
 
-    def _commit(self, outcomes: list[Outcome]) -> None:
+    def _commit(self, outcomes: list[Outcome], *, force: bool = False) -> None:
         self.state.pending += outcomes
         if self._replay_until is not None:
             return  # the saved cursor still stands until the replay passes it
+        if not (force or self.state.pending or self.state.commit_error is not None) and (
+            time.monotonic() - self._committed_at < self.config.state.checkpoint_interval_s
+        ):
+            # Nothing was decided: the cursor alone can wait (see _checkpoint_quiet). Entries
+            # read again after a kill only rebuild the open invocation; every decision is
+            # committed at once, with the cursor that covers it.
+            return
         writers = [
             self.notifier.writer_for(o, action_taken=action_taken_for(o.decision))
             for o in self.state.pending
@@ -341,6 +350,20 @@ class Daemon:
             self.state.commit_error = None
         self.checkpoint = checkpoint
         self.state.pending = []
+        self._committed_at = time.monotonic()
+
+    async def _checkpoint_quiet(self, stop: asyncio.Event) -> None:
+        """Commit a cursor that batches left uncommitted once the journal goes quiet."""
+        interval = self.config.state.checkpoint_interval_s
+        while not stop.is_set():
+            await first_of(stop.wait(), at_most_s=interval)
+            if stop.is_set():
+                return
+            if time.monotonic() - self._committed_at < interval:
+                continue
+            async with self.lock:
+                if self.reader.cursor != self.checkpoint.cursor:
+                    self._commit([], force=True)
 
     def _commit_failed(self, exc: StateError) -> None:
         """Keep classifying, halting and alerting; hold the batch and retry its commit.

@@ -87,3 +87,49 @@ async def test_restart_after_the_end_does_not_act_twice(tmp_path: Path) -> None:
         items = await _run_until(config, writer, 2)
     assert len(items) == 2
     assert len({i["invocation_id"] for i in items}) == 2
+
+
+async def test_cursor_only_batches_commit_at_most_each_interval_and_when_quiet(
+    tmp_path: Path,
+) -> None:
+    """Without a decision, the cursor is committed at most every checkpoint_interval_s, and
+    at the latest that long after the journal goes quiet; a decision is committed at once."""
+    base = _config(tmp_path)
+    config = dataclasses.replace(
+        base, state=dataclasses.replace(base.state, checkpoint_interval_s=0.5)
+    )
+    store = Store.in_directory(config.state.state_dir)
+    daemon = Daemon(
+        config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
+    )
+    commits: list[str | None] = []
+    commit_batch = store.commit_batch
+
+    def counting(**kwargs: object) -> None:
+        commit_batch(**kwargs)  # type: ignore[arg-type]
+        commits.append(store.load_checkpoint().cursor)
+
+    store.commit_batch = counting  # type: ignore[method-assign]
+    inv = uuid.uuid4().hex
+    crash = crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1, invocation_id=inv)
+    stop = asyncio.Event()
+    with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+        writer.write(crash[:2])
+        task = asyncio.create_task(daemon.run(stop))
+        try:
+            await poll(lambda: daemon.reader.following.is_set(), within=15, each=writer.nudge)
+            for line in crash[2:-3]:  # one batch per line, no decision among them
+                writer.write([line])
+                writer.nudge()
+                await asyncio.sleep(0.005)  # the traffic's pace, not a synchronisation
+            await poll(lambda: commits and commits[-1] == daemon.reader.cursor, within=5)
+            lines_commits = len(commits)
+            writer.write(crash[-3:])  # the end: a decision
+            await poll(lambda: len(store.history()) == 1, within=10, each=writer.nudge)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    store.close()
+    # ~200 one-line batches in about a second: a handful of commits, not one per batch.
+    assert 1 <= lines_commits <= 6, commits
+    assert len(commits) >= lines_commits + 1
