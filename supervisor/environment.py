@@ -96,6 +96,7 @@ _SERVING = re.compile(
     r"|The server is fired up and ready to roll!"  # SGLang
     r"|(?:^|:\s)(?:Connected|Ready)$"  # TGI's router, at the end of its tracing line
 )
+_SERVING_HINTS = ("startup complete.", "Uvicorn running on", "fired up", "Connected", "Ready")
 
 
 class ProbeError(SupervisorError):
@@ -288,6 +289,9 @@ def render_changes(changes: Sequence[Change]) -> str:
 
 def is_serving_line(text: str) -> bool:
     """True when a served unit's line says the server is up and answering requests."""
+    # Every line of a start is asked until it is good: reject most without a regex.
+    if not any(hint in text for hint in _SERVING_HINTS):
+        return False
     return _SERVING.search(_ANSI.sub("", text).strip()) is not None
 
 
