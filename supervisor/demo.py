@@ -320,9 +320,9 @@ def _history(config: Config, unit: str | None = None) -> list[dict[str, object]]
 
 
 def _with_store(config: Config, read: Callable[[Store], _T]) -> _T | None:
-    if not config.state.state_dir.exists():
+    store = Store.existing_in_directory(config.state.state_dir)
+    if store is None:
         return None
-    store = Store.in_directory(config.state.state_dir)
     try:
         return read(store)
     finally:

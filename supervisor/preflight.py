@@ -47,7 +47,7 @@ from supervisor.environment import diff as env_diff
 from supervisor.errors import SupervisorError
 from supervisor.gatecmd import quarantine_dirs
 from supervisor.quarantine import Quarantine
-from supervisor.store import DATABASE_NAME, Store
+from supervisor.store import Store
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -491,16 +491,15 @@ def drift_since_last_good(
     found: Probe, python: Path, unit: str, state_dir: Path, packages: Sequence[str]
 ) -> str | None:
     """What changed since the unit's last good start, from the daemon's state database."""
-    if not (state_dir / DATABASE_NAME).exists():
-        return None  # opening it would create it; the daemon owns that
+    store = Store.existing_in_directory(state_dir)
+    if store is None:
+        return None
     try:
-        store = Store.in_directory(state_dir)
-        try:
-            baseline = EnvironmentLog(store).last_good(unit)
-        finally:
-            store.close()
+        baseline = EnvironmentLog(store).last_good(unit)
     except SupervisorError:
         return None  # information only: an unreadable database must not fail a start
+    finally:
+        store.close()
     if baseline is None:
         return None
     now = snapshot_from_probe(

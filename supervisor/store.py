@@ -82,6 +82,20 @@ class Store:
         return cls(state_dir / DATABASE_NAME)
 
     @classmethod
+    def existing_in_directory(cls, state_dir: Path) -> Store | None:
+        """The daemon's database for a command that only reads it (triage, preflight, the demo).
+
+        None when there is none (opening it would create it; the daemon owns that) or it cannot
+        be opened: what such a command reads from it is extra information, never a reason to fail.
+        """
+        if not (state_dir / DATABASE_NAME).exists():
+            return None
+        try:
+            return cls.in_directory(state_dir)
+        except StateError:
+            return None
+
+    @classmethod
     def recover_in_directory(
         cls, state_dir: Path, *, now: Callable[[], float] = time.time
     ) -> tuple[Store, Path | None]:

@@ -23,7 +23,7 @@ from supervisor.journal.reader import ReaderSettings, read_all
 from supervisor.model import Action, Invocation, JournalEntry, LogLine, Outcome
 from supervisor.pipeline import Pipeline
 from supervisor.signatures import SignatureTable
-from supervisor.store import DATABASE_NAME, Store
+from supervisor.store import Store
 
 JOURNAL_FILE_MAGIC = b"LPKSHHRH"
 
@@ -70,11 +70,8 @@ def with_drift(outcomes: Sequence[Outcome], state_dir: Path) -> list[Outcome]:
     The environments are the ones the daemon recorded on this host (its state database); a
     journal from elsewhere, or a database that cannot be read, leaves the outcomes as they are.
     """
-    if not (state_dir / DATABASE_NAME).exists():
-        return list(outcomes)  # opening it would create it; the daemon owns that
-    try:
-        store = Store.in_directory(state_dir)
-    except SupervisorError:
+    store = Store.existing_in_directory(state_dir)
+    if store is None:
         return list(outcomes)
     try:
         envlog = EnvironmentLog(store)
