@@ -21,6 +21,7 @@ needed: the halt is recorded (quarantine) but no unit is stopped or restarted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import shutil
@@ -35,7 +36,6 @@ from typing import TypeVar
 from supervisor.app import load_table, quarantine_dir, run_daemon
 from supervisor.config import (
     Config,
-    DriftConfig,
     JournalConfig,
     MetricsConfig,
     Secret,
@@ -67,12 +67,13 @@ HANG_GRACE_S = 2.0
 DEADLINE_S = 30.0
 _T = TypeVar("_T")
 
-GOOD_ENVIRONMENT = (
-    ("flashinfer-python", "0.6.3"),
-    ("flashinfer-cubin", "0.6.3"),
-    ("flashinfer-jit-cache", "0.6.3"),
-    ("vllm", "0.11.1"),
-    ("torch", "2.9.0"),
+Dist = tuple[str, str, Sequence[str]]  # name, version, Requires-Dist lines
+GOOD_ENVIRONMENT: tuple[Dist, ...] = (
+    ("flashinfer-python", "0.6.3", ()),
+    ("flashinfer-cubin", "0.6.3", ()),
+    ("flashinfer-jit-cache", "0.6.3", ()),
+    ("vllm", "0.11.1", ()),
+    ("torch", "2.9.0", ()),
 )
 SERVING = [
     "(APIServer pid=7000) INFO 03-03 08:10:02 [api_server.py:1885] vLLM API server version 0.11.1",
@@ -144,11 +145,11 @@ def site_packages(venv: Path) -> Path:
     return venv / "lib" / version / "site-packages"
 
 
-def make_venv(venv: Path, dists: Sequence[tuple[str, str]]) -> Path:
+def make_venv(venv: Path, dists: Sequence[Dist]) -> Path:
     """A real venv (no pip) holding `dists`; return its interpreter."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    for name, version in dists:
-        write_dist(site_packages(venv), name, version)
+    for name, version, requires in dists:
+        write_dist(site_packages(venv), name, version, requires)
     return venv / "bin" / "python"
 
 
@@ -202,17 +203,12 @@ class DemoEndpoint:
 
 def full_demo_config(root: Path, *, python: Path, endpoint: DemoEndpoint) -> Config:
     """Two units: the crash-looping one in a real venv, and one with a health URL that fails."""
-    base = demo_config(root)
-    return Config(
+    return dataclasses.replace(
+        demo_config(root),
         units=(
             UnitConfig(name=DEMO_UNIT, python=str(python)),
             UnitConfig(name=HUNG_UNIT, health_url=endpoint.health_url(), hang_grace_s=HANG_GRACE_S),
         ),
-        journal=base.journal,
-        state=base.state,
-        metrics=base.metrics,
-        systemd=base.systemd,
-        drift=DriftConfig(),
         slack=SlackConfig(webhook_url=Secret(endpoint.webhook_url()), min_interval_s=0.01),
     )
 

@@ -7,17 +7,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from supervisor.demo import site_packages, write_dist
-
-Dist = tuple[str, str, Sequence[str]]  # name, version, Requires-Dist lines
+from supervisor.demo import Dist, make_venv
 
 # Venv name -> its distributions.
 LAYOUTS: Mapping[str, Sequence[Dist]] = {
@@ -62,14 +58,6 @@ class Venvs:
 
 
 _CACHE: dict[int, Venvs] = {}
-
-
-def make_venv(root: Path, dists: Sequence[Dist]) -> Path:
-    """Create a venv at `root` holding `dists`; return its `bin/python`."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    for name, dist_version, requires in dists:
-        write_dist(site_packages(root), name, dist_version, requires)
-    return root / "bin" / "python"
 
 
 def session_venvs(factory: pytest.TempPathFactory) -> Venvs:
