@@ -24,7 +24,7 @@ from typing import Any
 import re2
 
 from supervisor.config import TrackerConfig
-from supervisor.model import Invocation, JournalEntry, LifecycleEvent, LogLine
+from supervisor.model import Invocation, JournalEntry, LifecycleEvent, LogLine, field_int
 
 # Lines worth keeping past the head and tail caps: errors, tracebacks and their frames.
 _IMPORTANT = re.compile(
@@ -219,11 +219,11 @@ class InvocationTracker:
         event = entry.message_id
         fields = entry.fields
         if event == LifecycleEvent.RESTART_SCHEDULED.value:
-            self._restarts[entry.unit] = _to_int(fields.get("N_RESTARTS")) or 0
+            self._restarts[entry.unit] = field_int(fields.get("N_RESTARTS")) or 0
             return []
         if event == LifecycleEvent.SUPPRESSED.value:
             if current is not None:
-                current.suppressed += _to_int(fields.get("N_DROPPED")) or 0
+                current.suppressed += field_int(fields.get("N_DROPPED")) or 0
             return []
         if event not in _ENDING and event not in (
             LifecycleEvent.PROCESS_EXITED.value,
@@ -236,7 +236,7 @@ class InvocationTracker:
         builder.last_cursor = entry.cursor
         if event == LifecycleEvent.PROCESS_EXITED.value:
             builder.exit_code = fields.get("EXIT_CODE")
-            builder.exit_status = _to_int(fields.get("EXIT_STATUS"))
+            builder.exit_status = field_int(fields.get("EXIT_STATUS"))
             return []
         if event == LifecycleEvent.OOM_KILLED.value:
             builder.oom_killed = True
@@ -323,15 +323,6 @@ def _important_flags(texts: Sequence[str]) -> list[bool]:
 def _is_unit_event(entry: JournalEntry) -> bool:
     # journald's "Suppressed N messages" is logged by journald, not PID 1, about the unit.
     return entry.message_id == _SUPPRESSED
-
-
-def _to_int(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
 
 
 def is_start_limit_hit(entry: JournalEntry) -> bool:

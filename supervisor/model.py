@@ -15,6 +15,16 @@ from typing import Any
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+def field_int(value: str | bytes | None) -> int | None:
+    """A journal field's number (EXIT_STATUS, _PID, ...); None when absent or not a number."""
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
 def _empty() -> Mapping[str, str]:
     return EMPTY
 

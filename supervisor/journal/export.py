@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.model import EMPTY, JournalEntry
+from supervisor.model import EMPTY, JournalEntry, field_int
 
 Fields = dict[bytes, bytes]
 
@@ -135,12 +135,12 @@ def decode(fields: Fields, *, max_chars: int = 16384) -> JournalEntry | None:
         unit, invocation = get(b"_SYSTEMD_UNIT"), get(b"_SYSTEMD_INVOCATION_ID")
     return _new_entry(
         cursor.decode("ascii", "replace"),
-        _int(get(b"__REALTIME_TIMESTAMP")) or 0,
+        field_int(get(b"__REALTIME_TIMESTAMP")) or 0,
         _message(get(b"MESSAGE", b""), max_chars),
         unit.decode("utf-8", "replace") if unit is not None else None,
         invocation.decode("ascii", "replace") if invocation is not None else None,
-        _int(pid),
-        _int(get(b"PRIORITY")),
+        field_int(pid),
+        field_int(get(b"PRIORITY")),
         message_id.decode("ascii", "replace") if message_id is not None else None,
         pid == b"1",
         _lifecycle(fields) if message_id is not None else EMPTY,
@@ -322,12 +322,3 @@ def _lifecycle(fields: Fields) -> dict[str, str]:
         for key in LIFECYCLE_FIELDS
         if (value := fields.get(key)) is not None
     }
-
-
-def _int(value: bytes | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
