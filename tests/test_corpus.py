@@ -1,8 +1,8 @@
-"""The classifier against the shared corpus of real crash logs: every root cause and severity.
+"""The classifier against the corpus of real crash logs: every root cause and severity.
 
-The corpus lives beside the clone (`../shared/corpus`, as on CI) or where the environment
-variable VLLM_SUPERVISOR_CORPUS points. Its absence is a failure, not a skip: this is the
-project's main measure of the table. INDEX.tsv gives per file the expected severity (fatal,
+The corpus is part of the repository (`tests/data/corpus`, copied with its README and sources
+from the project's shared collection), so a clean clone scores it with nothing beside it.
+Its absence is a failure, not a skip: this is the project's main measure of the table. INDEX.tsv gives per file the expected severity (fatal,
 transient, or either = fatal or transient) and a root-cause key the verdict's root cause must
 contain; the README says an empty key means the excerpt lacks the root cause, so only the
 severity is checked and `unknown` is acceptable there.
@@ -11,7 +11,6 @@ severity is checked and `unknown` is acceptable there.
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,15 +20,12 @@ from supervisor.classify import Classifier
 from supervisor.model import LogLine, Verdict
 from supervisor.signatures import load_signature_table
 
-ENV_CORPUS = "VLLM_SUPERVISOR_CORPUS"
+CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 
 
 def corpus_dir() -> Path:
-    """The corpus directory: the env override, else `../shared/corpus` beside the clone."""
-    env = os.environ.get(ENV_CORPUS)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "corpus"
+    """The corpus directory inside the repository."""
+    return CORPUS
 
 
 @dataclass(frozen=True)
@@ -61,11 +57,9 @@ def _classify(classifier: Classifier, path: Path) -> Verdict:
 
 class TestCorpus:
     def test_corpus_is_present(self) -> None:
-        """The corpus directory and its index exist (CI has it at ../shared/corpus)."""
+        """The corpus directory and its index exist in the repository."""
         directory = corpus_dir()
-        assert (directory / "INDEX.tsv").is_file(), (
-            f"crash-log corpus not found at {directory}; set {ENV_CORPUS} to its directory"
-        )
+        assert (directory / "INDEX.tsv").is_file(), f"crash-log corpus not found at {directory}"
 
     def test_every_log_is_indexed(self) -> None:
         """Every .log file has a label, so no file escapes the score."""
