@@ -152,7 +152,9 @@ def _write_at_rate(
 
 async def _follow(root: Path) -> dict[str, Any]:
     """The follower process: the real Daemon, timed per batch."""
-    from supervisor.app import load_table, quarantine_dir
+    from supervisor.actions.actor import Actor
+    from supervisor.actions.halt import Halter
+    from supervisor.app import quarantine_dir
     from supervisor.config import (
         Config,
         JournalConfig,
@@ -162,7 +164,7 @@ async def _follow(root: Path) -> dict[str, Any]:
         UnitConfig,
     )
     from supervisor.daemon import Daemon
-    from supervisor.halt import Halter
+    from supervisor.loader import load_table
     from supervisor.metrics import Metrics
     from supervisor.model import JournalEntry, Outcome
     from supervisor.quarantine import Quarantine
@@ -192,7 +194,9 @@ async def _follow(root: Path) -> dict[str, Any]:
 
     store = Store.in_directory(config.state.state_dir)
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1.0)
-    daemon = TimedDaemon(config, load_table(config), store=store, metrics=Metrics(), halter=halter)
+    metrics = Metrics()
+    actor = Actor(halter, None, metrics)
+    daemon = TimedDaemon(config, load_table(config), store=store, metrics=metrics, actor=actor)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     task = asyncio.create_task(daemon.run(stop))

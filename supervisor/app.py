@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import socket
 from collections.abc import Callable, Coroutine
@@ -13,39 +14,28 @@ from typing import Any
 import structlog
 
 from supervisor import drift, hang
+from supervisor.actions.actor import Actor
+from supervisor.actions.gatekeeper import GateServer, socket_path
+from supervisor.actions.halt import Halter
 from supervisor.config import Config, parse_listen, resolve_webhook
 from supervisor.daemon import Daemon
 from supervisor.environment import EnvironmentLog
-from supervisor.errors import ConfigError, SupervisorError
-from supervisor.gatecmd import QUARANTINE_SUBDIR
-from supervisor.halt import Halter
+from supervisor.errors import StateError
+from supervisor.gatecmd import QUARANTINE_SUBDIR, quarantine_dirs
 from supervisor.httpserver import HealthCheck, MetricsServer, combine_health, following_check
+from supervisor.loader import load_table
 from supervisor.metrics import Metrics
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import SlackWebhook
+from supervisor.private import make_dirs
 from supervisor.quarantine import Quarantine
 from supervisor.sdnotify import Notifier, watchdog_interval
-from supervisor.signatures import SignatureTable, load_signature_table
 from supervisor.store import Store
 from supervisor.systemd import SystemdClient
 
 log = structlog.get_logger(__name__)
 
-
-def load_table(config: Config) -> SignatureTable:
-    """The signature table the config names (the shipped one by default).
-
-    Every unit's `signature_sets` is checked here, at load, so a typo stops the daemon with
-    one line instead of failing at the first crash it classifies.
-    """
-    table = load_signature_table(list(config.signatures.paths) or None)
-    for index, unit in enumerate(config.units):
-        if unit.signature_sets:
-            try:
-                table.subset(unit.signature_sets)
-            except SupervisorError as exc:
-                raise ConfigError(f"unit[{index}].signature_sets: {exc}") from exc
-    return table
+LOCK_NAME = "daemon.lock"
 
 
 def quarantine_dir(config: Config) -> Path:
@@ -56,8 +46,25 @@ def quarantine_dir(config: Config) -> Path:
     return base / QUARANTINE_SUBDIR
 
 
-async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event) -> None:
-    """Build every component, run the daemon until `stop`, and close everything in bounds."""
+async def run_daemon(
+    config: Config,
+    stop: asyncio.Event,
+    reload: asyncio.Event,
+    *,
+    reload_config: Callable[[], Config] | None = None,
+) -> None:
+    """Build every component, run the daemon until `stop`, and close everything in bounds.
+
+    `reload_config` (SIGHUP) reads the config again; without it only the signature table is
+    reloaded.
+    """
+    with DaemonLock(config.state.state_dir):
+        await _run(config, stop, reload, reload_config or (lambda: config))
+
+
+async def _run(
+    config: Config, stop: asyncio.Event, reload: asyncio.Event, reload_config: Callable[[], Config]
+) -> None:
     table = load_table(config)
     store, corrupt = Store.recover_in_directory(config.state.state_dir)
     if corrupt is not None:
@@ -69,44 +76,60 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
             await systemd.connect()
         except Exception as exc:
             log.error("systemd_unavailable", error=str(exc))
+    control = systemd if config.systemd.enabled else None
     notifier = Notifier()
     webhook_url = resolve_webhook(config.slack)
     webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
     outbox = Outbox(store, webhook, metrics, config.slack, host=socket.gethostname())
-    halter_quarantine = Quarantine(quarantine_dir(config))
     halter = Halter(
-        halter_quarantine,
-        systemd if config.systemd.enabled else None,
+        Quarantine(quarantine_dir(config)),
+        control,
         attempts=config.systemd.stop_attempts,
         timeout_s=config.systemd.stop_timeout_s,
+    )
+    gates: GateServer | None = None
+    actor = Actor(
+        halter,
+        control,
+        metrics,
+        gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
     )
     daemon = Daemon(
         config,
         table,
         store=store,
         metrics=metrics,
-        halter=halter,
+        actor=actor,
         notifier=outbox,
         reporter=notifier,
-        load_table=lambda: load_table(config),
+        load_config=reload_config,
         extra_tasks=[_watchdog(notifier)],
     )
-    control = systemd if config.systemd.enabled else None
-    hang.install(daemon, systemd=control, restarter=halter if control else None)
+    hang.install(daemon, systemd=control)
     drift.install(daemon, EnvironmentLog(store), exec_start=control.exec_start if control else None)
-    for unit in halter_quarantine.list():
-        metrics.units_halted(unit, True)
+    gates = GateServer(
+        socket_path(config.state.runtime_dir),
+        ready=daemon.gate_answer,
+        released=daemon.released,
+        wait_s=config.gate.wait_s,
+    )
+
+    def refresh_halted() -> None:
+        metrics.halted_units(quarantined_units(config))
+
+    refresh_halted()
     server = MetricsServer(
-        metrics, combine_health(following_check(metrics), _state_health(daemon), outbox.health)
+        metrics,
+        combine_health(following_check(metrics), _state_health(daemon), outbox.health),
+        before_scrape=refresh_halted,
     )
     try:
-        if config.metrics.enabled:
-            host, port = parse_listen(config.metrics.listen, key="metrics.listen")
-            await server.start(host, port)
-            log.info("metrics_listening", host=host, port=server.port)
+        await _listen(config, server, gates)
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(gates.close(), 2)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.close(), 2)
         with contextlib.suppress(Exception):
@@ -115,6 +138,79 @@ async def run_daemon(config: Config, stop: asyncio.Event, reload: asyncio.Event)
             with contextlib.suppress(Exception):
                 await webhook.aclose()
         store.close()
+
+
+async def _listen(config: Config, server: MetricsServer, gates: GateServer) -> None:
+    """Open the metrics port and the gates' socket; supervision goes on without either."""
+    if config.metrics.enabled:
+        host, port = parse_listen(config.metrics.listen, key="metrics.listen")
+        try:
+            await server.start(host, port)
+        except OSError as exc:
+            log.error(
+                "metrics_unavailable",
+                listen=config.metrics.listen,
+                error=exc.strerror or str(exc),
+                action="supervising without /metrics and /healthz; free the port or change "
+                "metrics.listen, then restart",
+            )
+        else:
+            log.info("metrics_listening", host=host, port=server.port)
+    try:
+        make_dirs(config.state.runtime_dir)
+        await gates.start()
+    except OSError as exc:
+        log.error(
+            "gate_socket_unavailable",
+            path=str(gates.path),
+            error=exc.strerror or str(exc),
+            action="gates fall back to the quarantine records alone (a short RestartSec= "
+            "may let one start through before a halt)",
+        )
+
+
+def quarantined_units(config: Config) -> set[str]:
+    """Every unit with a quarantine record, in the runtime or the persistent directory."""
+    units: set[str] = set()
+    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
+        units |= set(Quarantine(directory).list())
+    return units
+
+
+class DaemonLock:
+    """One daemon per state directory: a second one refuses to start, in one line.
+
+    Two daemons on one database would both act and both notify (every message twice).
+    """
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / LOCK_NAME
+        self._fd: int | None = None
+
+    def __enter__(self) -> DaemonLock:
+        try:
+            make_dirs(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StateError(f"{self.path}: cannot open the lock file: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise StateError(
+                f"{self.path.parent}: another vllm-supervisor (pid {holder}) already uses this "
+                "state directory; stop it first, or give this one its own --state-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
 
 
 def _state_health(daemon: Daemon) -> HealthCheck:

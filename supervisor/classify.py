@@ -15,20 +15,30 @@ Pure: lines in, `Verdict` out; no IO, no logging. The steps:
 An exception with no message (`AssertionError`, `TimeoutError`) says nothing by itself; its
 failing source line (`assert param_data.shape == ...`) becomes the root-cause text, and
 signatures may require a traceback frame (`frames = [...]`) to tell such cases apart.
+
+`classify_invocation` adds what the journal knows of the invocation. The root cause belongs to
+the crash: an error logged while the server served, more than `cause_window_s` before the end
+(one bad request hours earlier), is context and ranks below every other candidate; chosen only
+when nothing else explains the end, and then never as fatal. An end that systemd explains
+(an OOM kill, a signal) beats such context. How an invocation ended without a crash (a skipped
+start, a stop while its gate ran, the host's reboot) is said as such, and lines lost to the
+memory caps or journald's rate limit are counted in the notes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from supervisor.fingerprint import fingerprint
 from supervisor.logline import Annotated, Role, TracebackBlock, annotate
-from supervisor.model import EMPTY, LogLine, Severity, Verdict
+from supervisor.model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from supervisor.signatures import SignatureMatch, SignatureTable
 
-_TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WRAPPER = 3, 2, 1, 0
+_TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WRAPPER, _TIER_CONTEXT = 3, 2, 1, 0, -1
+DEFAULT_CAUSE_WINDOW_S = 120.0
 _MATCHED_ROLES = frozenset({Role.MESSAGE, Role.HEADER, Role.EXCEPTION, Role.DETAIL})
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # The crash site is the frame a reader acts on: the model code that was running (a model's
@@ -60,25 +70,64 @@ class _Candidate:
 class Classifier:
     """Turns an invocation's lines into a Verdict using one signature table."""
 
-    def __init__(self, table: SignatureTable, *, max_line_chars: int = 4096) -> None:
+    def __init__(
+        self,
+        table: SignatureTable,
+        *,
+        max_line_chars: int = 4096,
+        cause_window_s: float = DEFAULT_CAUSE_WINDOW_S,
+    ) -> None:
         self.table = table
         self.max_line_chars = max_line_chars
+        self.cause_window_us = int(cause_window_s * 1_000_000)
 
-    def classify(self, lines: Sequence[LogLine]) -> Verdict:
-        """The verdict for one invocation's lines (journal lines or plain text, pid=None)."""
+    def classify(
+        self, lines: Sequence[LogLine], *, context_before_us: int | None = None
+    ) -> Verdict:
+        """The verdict for one invocation's lines (journal lines or plain text, pid=None).
+
+        Lines logged before `context_before_us` (journal time) are context, not causes.
+        """
         ann = annotate(lines)
-        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i))]
+        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, lines[i]))]
         crashed_blocks = [b for b in ann.blocks if not b.ignored]
         if not candidates:
             return _no_cause(crashed_blocks)
+        if context_before_us is not None:
+            candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
         return self._verdict(ann, best, crashed_blocks)
+
+    def classify_invocation(self, invocation: Invocation) -> Verdict:
+        """The verdict for one ended invocation, with what the journal says of how it ended."""
+        ending = invocation.ending
+        if ending in _NOT_A_RUN:
+            return _not_a_run(ending)
+        context_before = None
+        if invocation.served_us is not None and invocation.ended_us is not None:
+            context_before = invocation.ended_us - self.cause_window_us
+        verdict = self.classify(invocation.lines, context_before_us=context_before)
+        if verdict.from_context:
+            verdict = _prefer_the_end(verdict, invocation)
+            if not invocation.failed:
+                verdict = dataclasses.replace(verdict, crashed=False)
+        if ending is Ending.BOOT:
+            return dataclasses.replace(
+                verdict,
+                title="Ended with the boot",
+                severity=Severity.UNKNOWN,
+                crashed=False,
+                notes=(*verdict.notes, "the host rebooted (or lost power) before the unit ended"),
+            )
+        if invocation.failed and verdict.root_cause is None:
+            verdict = _failed_without_cause(verdict, invocation)
+        return dataclasses.replace(verdict, notes=(*verdict.notes, *_loss_notes(invocation)))
 
     def _block(self, ann: Annotated, index: int) -> TracebackBlock | None:
         block_id = ann.block_of[index]
         return ann.blocks[block_id] if block_id >= 0 else None
 
-    def _candidate(self, ann: Annotated, index: int) -> _Candidate | None:
+    def _candidate(self, ann: Annotated, index: int, raw: LogLine) -> _Candidate | None:
         """The line at `index` as a root-cause candidate, or None."""
         role = ann.roles[index]
         if role not in _MATCHED_ROLES:
@@ -108,9 +157,12 @@ class Classifier:
         """Assemble the verdict around the chosen root-cause candidate."""
         signature = best.match.signature if best.match is not None else None
         captures = MappingProxyType(dict(best.match.captures)) if best.match is not None else EMPTY
+        severity = signature.severity if signature else Severity.UNKNOWN
+        if best.tier == _TIER_CONTEXT and severity is Severity.FATAL:
+            severity = Severity.UNKNOWN  # an old error while serving is not proof of a loop
         return Verdict(
             signature=signature.id if signature else None,
-            severity=signature.severity if signature else Severity.UNKNOWN,
+            severity=severity,
             title=signature.title if signature else "Unrecognised crash",
             root_cause=best.text,
             crash_site=_crash_site(ann, self._block(ann, best.index)),
@@ -119,7 +171,15 @@ class Classifier:
             fingerprint=fingerprint(best.text),
             crashed=True,
             notes=tuple(_notes(ann, best, crashed_blocks)),
+            from_context=best.tier == _TIER_CONTEXT,
         )
+
+
+def _as_context(candidate: _Candidate, line: LogLine, before_us: int) -> _Candidate:
+    """A candidate logged while serving, long before the end, ranks below every other."""
+    if line.realtime_us is None or line.realtime_us >= before_us:
+        return candidate
+    return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
 
 
 def _from_match(index: int, text: str, match: SignatureMatch) -> _Candidate | None:
@@ -183,6 +243,11 @@ def _notes(ann: Annotated, best: _Candidate, crashed: list[TracebackBlock]) -> l
     processes = {b.process for b in crashed}
     if len(processes) > 1:
         notes.append(f"{len(processes)} processes printed a traceback")
+    if best.tier == _TIER_CONTEXT:
+        notes.append(
+            "the only error was logged while serving, long before the end: it may not be what "
+            "ended the invocation"
+        )
     if best.tier == _TIER_WRAPPER:
         notes.append("only a generic wrapper was found; the real cause is in another log")
     elif best.match is None and best.tier == _TIER_ERROR:
@@ -207,3 +272,87 @@ def _no_cause(crashed_blocks: list[TracebackBlock]) -> Verdict:
     return Verdict(
         signature=None, severity=Severity.UNKNOWN, title="No crash found", root_cause=None
     )
+
+
+_NOT_A_RUN = frozenset({Ending.SKIPPED, Ending.GATE_STOPPED, Ending.START_LIMIT})
+
+
+def _not_a_run(ending: Ending) -> Verdict:
+    """The verdict of a start that never ran the server."""
+    title, note = {
+        Ending.SKIPPED: (
+            "Start skipped by its ExecCondition gate",
+            "the gate refused the start (the unit is quarantined); no server ran",
+        ),
+        Ending.GATE_STOPPED: (
+            "Stopped while its ExecCondition gate ran",
+            "a stop job ended the start before the server ran",
+        ),
+        Ending.START_LIMIT: (
+            "systemd gave up restarting the unit",
+            "start-limit-hit: systemd refuses further starts until `systemctl reset-failed`",
+        ),
+    }[ending]
+    return Verdict(
+        signature=None, severity=Severity.UNKNOWN, title=title, root_cause=None, notes=(note,)
+    )
+
+
+def _prefer_the_end(verdict: Verdict, invocation: Invocation) -> Verdict:
+    """An end systemd explains (an OOM kill, a signal) beats an error logged long before it."""
+    if invocation.oom_killed:
+        cause = (
+            invocation.end_message or "A process of this unit has been killed by the OOM killer."
+        )
+        title = "Killed by the out-of-memory killer"
+    elif invocation.exit_code in ("killed", "dumped"):
+        cause = invocation.end_message or f"Main process {invocation.exit_code}"
+        title = "Killed by a signal"
+    else:
+        return verdict
+    return Verdict(
+        signature=None,
+        severity=Severity.UNKNOWN,
+        title=title,
+        root_cause=cause,
+        crashed=True,
+        fingerprint=fingerprint(cause),
+        notes=(f"logged earlier while serving (context, not the cause): {verdict.root_cause}",),
+    )
+
+
+def _failed_without_cause(verdict: Verdict, invocation: Invocation) -> Verdict:
+    """A failed invocation always names why it is not explained: lost lines or no error line."""
+    if invocation.total_lines == 0 or invocation.suppressed_lines > invocation.total_lines:
+        title = "Crash whose log lines were lost"
+        note = (
+            "no line of this invocation reached the journal"
+            if invocation.total_lines == 0
+            else f"journald dropped {invocation.suppressed_lines} of its lines"
+        ) + " (journald's rate limit drops lines: check `Suppressed N messages` around it)"
+    else:
+        title = "Failed without an error line"
+        note = f"none of its {invocation.total_lines} lines reads as an error"
+    cause = invocation.end_message
+    return dataclasses.replace(
+        verdict,
+        title=title,
+        root_cause=cause,
+        crashed=True,
+        fingerprint=verdict.fingerprint,
+        notes=(*verdict.notes, note),
+    )
+
+
+def _loss_notes(invocation: Invocation) -> list[str]:
+    """What the verdict could not see: lines dropped by the caps and by journald."""
+    notes: list[str] = []
+    if invocation.dropped_lines:
+        kept = invocation.total_lines - invocation.dropped_lines
+        notes.append(
+            f"{kept} of {invocation.total_lines} lines kept for classification (the latest "
+            f"error lines of each process; {invocation.dropped_lines} dropped by the memory caps)"
+        )
+    if invocation.suppressed_lines:
+        notes.append(f"journald's rate limit dropped {invocation.suppressed_lines} lines")
+    return notes

@@ -29,6 +29,8 @@ from supervisor.errors import SupervisorError
 from supervisor.log import configure_logging
 
 EXIT_USAGE = 2
+CONFIG_ENV = "VLLM_SUPERVISOR_CONFIG"
+INSTALLED_CONFIG = Path("/etc/vllm-supervisor/supervisor.toml")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,9 +126,25 @@ def _add_config_flags(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--runtime-dir", type=Path)
 
 
+def config_path(args: argparse.Namespace) -> Path | None:
+    """`--config`, else $VLLM_SUPERVISOR_CONFIG, else the installed config when it exists.
+
+    The gate runs from the served unit with no flags: it must find the daemon's directories
+    from the same file the daemon reads, or a non-default `state.runtime_dir` would let every
+    start through.
+    """
+    given = getattr(args, "config", None)
+    if given is not None:
+        return Path(given)
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env)
+    return INSTALLED_CONFIG if INSTALLED_CONFIG.is_file() else None
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """The config file plus the one-run overrides from flags and systemd's environment."""
-    config = load_config(getattr(args, "config", None))
+    config = load_config(config_path(args))
     state = config.state
     runtime_dir = getattr(args, "runtime_dir", None) or _from_env(
         "RUNTIME_DIRECTORY", state.runtime_dir, DEFAULT_RUNTIME_DIR
@@ -164,7 +182,7 @@ def _from_env(variable: str, configured: Path, default: Path) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the signature table."""
+    """`run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the config and its table."""
     from supervisor.app import run_daemon
 
     config = resolve_config(args)
@@ -181,7 +199,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, reload.set)
-        await run_daemon(config, stop, reload)
+        await run_daemon(config, stop, reload, reload_config=lambda: resolve_config(args))
 
     asyncio.run(serve())
     return 0
@@ -189,18 +207,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     """`triage`: classify a saved journal with the daemon's own pipeline."""
-    from supervisor.app import load_table
+    from supervisor.loader import load_table
     from supervisor.triage import triage
 
-    config = with_units(load_config(args.config), args.unit)
+    config = with_units(load_config(config_path(args)), args.unit)
     return triage(args.source, config=config, table=load_table(config), output_format=args.format)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """`check-config`: load the config and its signature table, report what was found."""
-    from supervisor.app import load_table
+    from supervisor.loader import load_table
 
-    config = load_config(args.path)
+    config = load_config(args.path or config_path(argparse.Namespace()))
     table = load_table(config)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(f"config ok: units: {units}; {len(table.signatures)} signatures")
@@ -209,9 +227,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_signatures_list(args: argparse.Namespace) -> int:
     """`signatures list`: one line per signature."""
-    from supervisor.app import load_table
+    from supervisor.loader import load_table
 
-    table = load_table(load_config(args.config))
+    table = load_table(load_config(config_path(args)))
     for sig in table.signatures:
         print(f"{sig.id:40} {sig.severity.value:9} {sig.kind:7} {sig.domain:12} {sig.title}")
     return 0
@@ -219,10 +237,10 @@ def cmd_signatures_list(args: argparse.Namespace) -> int:
 
 def cmd_signatures_test(args: argparse.Namespace) -> int:
     """`signatures test FILE`: the verdict, then which signatures matched which line and why."""
-    from supervisor.app import load_table
+    from supervisor.loader import load_table
     from supervisor.sigtest import signatures_test
 
-    table = load_table(load_config(args.config))
+    table = load_table(load_config(config_path(args)))
     return signatures_test(args.file, table)
 
 
@@ -260,7 +278,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from supervisor.gatecmd import gate_main
 
     config = resolve_config(args)
-    return gate_main(args.unit, config.state.runtime_dir, config.state.state_dir)
+    return gate_main(
+        args.unit, config.state.runtime_dir, config.state.state_dir, wait_s=config.gate.wait_s
+    )
 
 
 def cmd_release(args: argparse.Namespace) -> int:

@@ -69,6 +69,9 @@ class JournalConfig:
     """Where and how the journal is read."""
 
     directory: Path | None = None  # a journal directory (journalctl -D); None = system journal
+    # Entries of this machine (its _MACHINE_ID) are acted on; other hosts' are only reported.
+    # Empty: this host's /etc/machine-id.
+    machine_id: str = ""
     journalctl: str = "journalctl"  # the journalctl binary
     # The reader child: "native" (libsystemd, built with the package), "journalctl", or "auto"
     # (native when it was built, else journalctl).
@@ -86,8 +89,12 @@ class TrackerConfig:
     tail_lines: int = 400  # the last lines before it ended, always kept
     max_error_lines: int = 2000  # error-level lines and tracebacks kept in between
     max_line_chars: int = 16384  # a longer line is cut to this many characters
-    max_open_invocations: int = 16  # per unit; the oldest open one is closed past this
+    max_open_invocations: int = 16  # per unit and host; the oldest open one is closed past this
     settle_s: float = 0.3  # after a unit ends, how long its late stdout lines are still awaited
+    settle_after_start_s: float = 0.1  # ... once the unit's next start began (never longer)
+    ratelimit_interval_s: float = 30.0  # journald's RateLimitIntervalSec= (lost-line reports)
+    # An error logged while serving more than this long before the end is context, not cause.
+    cause_window_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,7 +138,18 @@ class SystemdConfig:
     enabled: bool = True  # False: never call systemd (triage, tests without a bus)
     stop_timeout_s: float = 10.0  # one D-Bus call
     stop_attempts: int = 5  # StopUnit retries within bounds
-    watchdog: bool = True  # send WATCHDOG=1 when systemd asks for it
+    # A crash read later than this after its end is history unless systemd confirms it is still
+    # the unit's present (a restart pending); without systemd, it is always history then.
+    act_window_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateConfig:
+    """The served units' `ExecCondition=` gate, which waits for the daemon's decision."""
+
+    # How long a gate waits for the daemon to read and decide the unit's last run, then lets
+    # the start go (with a line saying so). Keep it below the served unit's TimeoutStartSec=.
+    wait_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +195,7 @@ class Config:
     slack: SlackConfig = field(default_factory=SlackConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     drift: DriftConfig = field(default_factory=DriftConfig)
     signatures: SignaturesConfig = field(default_factory=SignaturesConfig)
 
@@ -249,11 +268,24 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"state.on_bad_cursor: must be 'head' or 'tail' (got {config.state.on_bad_cursor!r})"
         )
-    for key in ("head_lines", "tail_lines", "max_error_lines", "max_line_chars"):
+    for key in (
+        "head_lines",
+        "tail_lines",
+        "max_error_lines",
+        "max_line_chars",
+        "max_open_invocations",
+        "ratelimit_interval_s",
+        "cause_window_s",
+    ):
         _positive(f"tracker.{key}", getattr(config.tracker, key))
+    for key in ("settle_s", "settle_after_start_s"):
+        if getattr(config.tracker, key) < 0:
+            raise ConfigError(f"tracker.{key}: must be >= 0 (got {getattr(config.tracker, key)})")
     _positive("journal.restart_backoff_s", config.journal.restart_backoff_s)
     _positive("state.commit_retry_max_s", config.state.commit_retry_max_s)
     _positive("state.checkpoint_interval_s", config.state.checkpoint_interval_s)
+    _positive("systemd.act_window_s", config.systemd.act_window_s)
+    _positive("gate.wait_s", config.gate.wait_s)
     _positive("slack.timeout_s", config.slack.timeout_s)
     _positive("slack.max_attempts", config.slack.max_attempts)
     if config.slack.webhook_url is not None and config.slack.webhook_url_file is not None:

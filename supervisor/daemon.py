@@ -3,73 +3,79 @@
 `Daemon.run(stop, reload)` knows nothing about OS signals (the CLI turns SIGTERM into `stop` and
 SIGHUP into `reload`), so tests embed it directly.
 
-Per batch of journal entries: track and classify (pure), halt what must be halted (quarantine
-first, then StopUnit, as early as possible), then commit the cursor, history, policy memory and
-queued notifications in one transaction. A crash anywhere replays the batch from the previous
-cursor; the store, the outbox and the quarantine are idempotent per invocation.
+Per batch of journal entries: track and classify (pure), let the actor carry out each decision
+(supervisor.actions: confirmed with systemd, the present only), then commit the cursor, history,
+policy memory and queued notifications in one transaction. A crash anywhere replays the batch
+from the previous cursor; the store, the outbox and the quarantine are idempotent per
+invocation. Journal content never stops the daemon: an unexpected error while handling one
+entry or one invocation is logged once with its cursor, counted, and skipped.
+
+The served units' gates (supervisor.actions.gatekeeper) wait on `gate_answer`, which returns
+once the journal has been read up to the gate's own start and everything before it is decided.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import structlog
 
+from supervisor.actions.actor import Actor
+from supervisor.actions.presence import Here
 from supervisor.aio import first_of
 from supervisor.config import Config
-from supervisor.errors import StateError
+from supervisor.errors import StateError, SupervisorError
 from supervisor.journal.reader import (
     JournalctlReader,
     ReaderSettings,
     cursor_realtime_us,
     resolve_source,
 )
+from supervisor.journal.writer import local_boot_id, local_machine_id
+from supervisor.lifecycle import SuppressionNotice
+from supervisor.loader import load_table, restart_only_changes
 from supervisor.metrics import Metrics
-from supervisor.model import Action, JournalEntry, Outcome
-from supervisor.notify.slack import action_taken_for
+from supervisor.model import Invocation, JournalEntry, Outcome, Taken
 from supervisor.pipeline import Pipeline
 from supervisor.signatures import SignatureTable
 from supervisor.store import Checkpoint, Store, Writer
 
 log = structlog.get_logger(__name__)
 
-SHUTDOWN_TIMEOUT_S = 8.0
 COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
-
-
-class Halting(Protocol):
-    """Quarantines and stops a unit (supervisor.halt.Halter)."""
-
-    async def halt(self, outcome: Outcome, *, dry_run: bool) -> object: ...
 
 
 class Notifying(Protocol):
     """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
 
-    def writer_for(self, outcome: Outcome, *, action_taken: str) -> Writer: ...
+    def writer_for(self, outcome: Outcome) -> Writer: ...
 
     async def run(self, stop: asyncio.Event) -> None: ...
 
     def wake(self) -> None: ...
 
-    def hold(self, outcome: Outcome, *, action_taken: str) -> None: ...
+    def hold(self, outcome: Outcome) -> None: ...
 
 
 class BatchHook(Protocol):
     """Sees each batch before the pipeline and each outcome before it is acted on.
 
     `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
-    await briefly to enrich an outcome (supervisor.hang, supervisor.drift).
+    await briefly to enrich an outcome (supervisor.hang, supervisor.drift); `reconfigure` takes
+    a reloaded config.
     """
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
 
     async def outcome(self, outcome: Outcome) -> Outcome: ...
+
+    def reconfigure(self, config: Config) -> None: ...
 
 
 class StatusReporter(Protocol):
@@ -87,6 +93,7 @@ class DaemonState:
     entries: int = 0
     outcomes: int = 0
     halts: int = 0
+    skipped_errors: int = 0  # entries or invocations whose handling raised (logged, skipped)
     last_verdict: str = "none yet"
     state_errors: int = 0
     pending: list[Outcome] = field(default_factory=list)
@@ -103,28 +110,31 @@ class Daemon:
         *,
         store: Store,
         metrics: Metrics,
-        halter: Halting | None = None,
+        actor: Actor | None = None,
         notifier: Notifying | None = None,
         reporter: StatusReporter | None = None,
-        load_table: Callable[[], SignatureTable] | None = None,
+        load_config: Callable[[], Config] | None = None,
         extra_tasks: Sequence[Callable[[asyncio.Event], Coroutine[None, None, None]]] = (),
         hooks: Sequence[BatchHook] = (),
     ) -> None:
         self.config = config
         self.store = store
         self.metrics = metrics
-        self.halter = halter
+        self.actor = actor
         self.notifier = notifier
         self.reporter = reporter
         self.state = DaemonState()
-        self._load_table = load_table
+        self._load_config = load_config
         self.extra_tasks = list(extra_tasks)  # supervisor.hang and .drift add theirs
         self.hooks: list[BatchHook] = list(hooks)
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
+        self._progress = asyncio.Event()  # replaced (after being set) at each handled batch
         self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
+        self.machine_id = config.journal.machine_id or local_machine_id()
+        self.boot_id = local_boot_id()
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
             config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
@@ -144,6 +154,7 @@ class Daemon:
         self._committed_at = 0.0  # time.monotonic() of the last successful commit
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
+        log.debug("daemon_built", machine_id=self.machine_id, boot_id=self.boot_id)
 
     def _reader_settings(self) -> ReaderSettings:
         journal = self.config.journal
@@ -205,40 +216,103 @@ class Daemon:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
         outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
+        self._notices(self.pipeline.tracker.take_notices())
         if outcomes and self.notifier is not None:
             self.notifier.wake()
-        if self.pipeline.tracker.next_deadline_us() is not None:
+        if self.pipeline.tracker.next_deadline() is not None:
             self._ending.set()
+        self._signal_progress()
         return outcomes
+
+    def _signal_progress(self) -> None:
+        """Wake everything waiting for the journal to be read further (the gates)."""
+        progress, self._progress = self._progress, asyncio.Event()
+        progress.set()
+
+    def _notices(self, notices: list[SuppressionNotice]) -> None:
+        """journald said, late, that it dropped lines of invocations already decided."""
+        for notice in notices:
+            self.metrics.lines_suppressed(notice.unit, notice.dropped)
+            note = (
+                f"journald dropped {notice.dropped} lines of {notice.unit} within its rate limit "
+                "interval: this verdict may miss its cause"
+            )
+            log.warning(
+                "journal_lines_suppressed",
+                unit=notice.unit,
+                dropped=notice.dropped,
+                invocation_ids=list(notice.invocation_ids),
+                action="noted in history; decisions already made stand",
+            )
+            try:
+                self.store.add_note(notice.unit, notice.invocation_ids, note)
+            except StateError as exc:
+                log.error("history_note_failed", unit=notice.unit, error=str(exc))
 
     async def _settle(self, stop: asyncio.Event) -> None:
         """Decide ended invocations once their late-line window has passed.
 
         A later entry decides them too (see InvocationTracker.feed); this covers the quiet
-        journal after a crash, where no later entry comes.
+        journal after a crash, where no later entry comes. A new batch can move a deadline
+        earlier (the unit's next start began), so every batch wakes this loop.
         """
         while not stop.is_set():
-            deadline = self.pipeline.tracker.next_deadline_us()
+            deadline = self.pipeline.tracker.next_deadline()
+            self._ending.clear()
             if deadline is None:
-                self._ending.clear()
                 await first_of(self._ending.wait(), stop.wait())
                 continue
-            delay = deadline / 1e6 - time.time()
+            delay = deadline - time.monotonic()
             if delay > 0:
-                await first_of(stop.wait(), at_most_s=delay)
+                await first_of(self._ending.wait(), stop.wait(), at_most_s=delay)
                 continue
             async with self.lock:
-                outcomes = self.pipeline.flush_due(int(time.time() * 1e6))
+                outcomes = self.pipeline.flush_quiet()
                 if outcomes:
                     await self.handle_outcomes(outcomes)
+                self._signal_progress()
 
-    async def handle_outcomes(self, outcomes: list[Outcome]) -> None:
-        """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`."""
+    async def gate_answer(
+        self, unit: str, invocation_id: str | None, wait_s: float
+    ) -> dict[str, Any]:
+        """Answer a gate once `unit`'s past is decided: the journal read up to the gate's own
+        start (`invocation_id`, from PID 1's "Starting"), no ended invocation left undecided."""
+        deadline = time.monotonic() + wait_s
+        tracker = self.pipeline.tracker
+        while invocation_id is not None and not tracker.has_seen(unit, invocation_id):
+            if not await self._progress_until(deadline):
+                return {"ok": True, "decided": False, "waited": "start not read in time"}
+        while tracker.settling(unit):
+            if not await self._progress_until(deadline):
+                return {"ok": True, "decided": False, "waited": "previous run not decided"}
+        async with self.lock:  # the batch that decided it has also acted on it
+            pass
+        return {"ok": True, "decided": True}
+
+    async def _progress_until(self, deadline: float) -> bool:
+        """Wait for the next handled batch; False once `deadline` (monotonic) has passed."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        await first_of(self._progress.wait(), at_most_s=remaining)
+        return True
+
+    def released(self, unit: str) -> None:
+        """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
+        self.pipeline.policy.forget(unit)
+        self.metrics.units_halted(unit, False)
+        log.info("unit_released", unit=unit)
+
+    async def handle_outcomes(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`.
+
+        Returns them as recorded (what the actor did)."""
         outcomes = await self._enrich(outcomes)
         outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
         if outcomes and self.notifier is not None:
             self.notifier.wake()
+        return outcomes
 
     async def _enrich(self, outcomes: list[Outcome]) -> list[Outcome]:
         for hook in self.hooks:
@@ -268,9 +342,24 @@ class Daemon:
         return []
 
     async def _act(self, outcome: Outcome) -> Outcome:
-        """Log and carry out the decision; the outcome as recorded (a failed stop noted)."""
+        """Carry out the decision (the actor confirms it with systemd); the outcome as recorded."""
         self.state.outcomes += 1
+        if self.actor is not None:
+            try:
+                outcome = await self.actor.carry_out(outcome, self._here(outcome.invocation))
+            except Exception as exc:
+                self.state.skipped_errors += 1
+                self.metrics.state_error("other")
+                log.error(
+                    "action_failed",
+                    unit=outcome.invocation.unit,
+                    invocation_id=outcome.invocation.invocation_id,
+                    cursor=outcome.invocation.last_cursor,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
         verdict, decision = outcome.verdict, outcome.decision
+        if outcome.taken is Taken.HALTED:
+            self.state.halts += 1
         self.state.last_verdict = (
             f"{outcome.invocation.unit}: {verdict.signature or verdict.severity}"
         )
@@ -278,43 +367,33 @@ class Daemon:
             "invocation_ended",
             unit=outcome.invocation.unit,
             invocation_id=outcome.invocation.invocation_id,
+            host=outcome.invocation.hostname,
+            ending=outcome.invocation.ending.value,
             signature=verdict.signature,
             severity=verdict.severity.value,
             root_cause=verdict.root_cause,
             action=decision.action.value,
+            rule=decision.rule,
             reason=decision.reason,
+            taken=outcome.taken.value,
+            detail=outcome.taken_detail,
             dry_run=decision.dry_run,
         )
-        if decision.action is Action.HALT:
-            self.state.halts += 1
-            if self.halter is not None:
-                outcome = await self._halt(outcome)
         self._report_status()
         return outcome
 
-    async def _halt(self, outcome: Outcome) -> Outcome:
-        assert self.halter is not None  # noqa: S101 - checked by the caller
-        unit = outcome.invocation.unit or "unknown"
-        result = await self.halter.halt(outcome, dry_run=outcome.decision.dry_run)
-        if outcome.decision.dry_run:
-            return outcome
-        error = getattr(result, "error", None)
-        if error is not None:
-            reason = getattr(error, "reason", "dbus_error")
-            self.metrics.halt_failed(unit, reason)
-            # History and the Slack message say so: the decision stands, the stop did not
-            # happen (the quarantine record, when written, still keeps the next start off).
-            gate = "quarantined" if getattr(result, "quarantined", None) else "NOT quarantined"
-            note = f"; stop failed ({reason}), {gate}: {error}"
-            if getattr(result, "quarantined", None):
-                self.metrics.units_halted(unit, True)
-            return replace(
-                outcome, decision=replace(outcome.decision, reason=outcome.decision.reason + note)
-            )
-        reason = "unknown_repeat" if outcome.verdict.signature is None else "fatal_signature"
-        self.metrics.halt(unit, reason, float(getattr(result, "latency_s", 0.0)))
-        self.metrics.units_halted(unit, True)
-        return outcome
+    def _here(self, invocation: Invocation) -> Here:
+        """What the actor needs to know of this host and of what was read since `invocation`."""
+        tracker = self.pipeline.tracker
+        newer = tracker.open_invocation(invocation.unit, invocation.host)
+        return Here(
+            machine_id=self.machine_id,
+            boot_id=self.boot_id,
+            now_us=time.time_ns() // 1000,
+            act_window_s=self.config.systemd.act_window_s,
+            newer_id=newer.invocation_id if newer is not None else None,
+            newer_served=newer is not None and newer.served,
+        )
 
     def _commit(self, outcomes: list[Outcome], *, force: bool = False) -> None:
         self.state.pending += outcomes
@@ -328,9 +407,7 @@ class Daemon:
             # committed at once, with the cursor that covers it.
             return
         writers = [
-            self.notifier.writer_for(o, action_taken=action_taken_for(o.decision))
-            for o in self.state.pending
-            if self.notifier is not None
+            self.notifier.writer_for(o) for o in self.state.pending if self.notifier is not None
         ]
         checkpoint = Checkpoint(
             cursor=self.reader.cursor, replay_from=self.pipeline.tracker.replay_from()
@@ -384,7 +461,7 @@ class Daemon:
         self._uncommitted.set()
         if self.notifier is not None:
             for outcome in self.state.pending:
-                self.notifier.hold(outcome, action_taken=action_taken_for(outcome.decision))
+                self.notifier.hold(outcome)
 
     async def _retry_commits(self, stop: asyncio.Event) -> None:
         """Retry a failed commit with capped backoff, also while the journal is quiet."""
@@ -422,21 +499,47 @@ class Daemon:
             await first_of(reload.wait(), stop.wait())
             if reload.is_set():
                 reload.clear()
-                self.reload_table()
+                async with self.lock:
+                    self.reload()
 
-    def reload_table(self) -> None:
-        """Load the signature table again; keep the old one when the new one is broken."""
-        if self._load_table is None:
+    def reload(self) -> None:
+        """SIGHUP: read the config and its signature table again and apply what can change
+        while running (units, per-unit settings, dry run, signatures); name what cannot.
+
+        A config or table that fails to load changes nothing: the old one stays.
+        """
+        if self._load_config is None:
             return
         try:
-            table = self._load_table()
-        except Exception as exc:
+            config = self._load_config()
+            table = load_table(config)
+        except SupervisorError as exc:
             self.metrics.signature_table([s.id for s in self.pipeline.table.signatures], False)
-            log.error("signature_table_reload_failed", error=str(exc))
+            log.error("config_reload_failed", error=str(exc), action="kept the running config")
             return
-        self.pipeline.reload(table)
+        needs_restart = restart_only_changes(self.config, config)
+        added = sorted({u.name for u in config.units} - {u.name for u in self.config.units})
+        removed = sorted({u.name for u in self.config.units} - {u.name for u in config.units})
+        config = dataclasses.replace(
+            self.config, units=config.units, dry_run=config.dry_run, signatures=config.signatures
+        )
+        self.config = config
+        self.pipeline.reload(table, config)
+        for hook in self.hooks:
+            hook.reconfigure(config)
+        self.metrics.register_units(u.name for u in config.units)
         self.metrics.signature_table([s.id for s in table.signatures], True)
-        log.info("signature_table_reloaded", signatures=len(table.signatures))
+        if added or removed:
+            self.reader.follow_units(tuple(u.name for u in config.units))
+        log.info(
+            "config_reloaded",
+            units=[u.name for u in config.units],
+            added=added,
+            removed=removed,
+            signatures=len(table.signatures),
+            not_reloaded=needs_restart,
+            action="restart the daemon to apply the keys in not_reloaded" if needs_restart else "",
+        )
 
     def _report_status(self) -> None:
         if self.reporter is None:

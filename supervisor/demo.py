@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from supervisor.app import load_table, quarantine_dir, run_daemon
+from supervisor.app import quarantine_dir, run_daemon
 from supervisor.config import (
     Config,
     JournalConfig,
@@ -53,6 +53,7 @@ from supervisor.journal.writer import (
     lifecycle,
     service_lines,
 )
+from supervisor.loader import load_table
 from supervisor.model import LifecycleEvent
 from supervisor.preflight import preflight_main
 from supervisor.store import Store
@@ -349,7 +350,9 @@ def _show_results(config: Config, endpoint: DemoEndpoint, python: Path) -> None:
     for path in sorted(quarantine_dir(config).glob("*")):
         print(f"  {path.name}")
     print(f"\n== vllm-supervisor gate {DEMO_UNIT} (the served unit's ExecCondition=):")
-    status = gate_main(DEMO_UNIT, config.state.runtime_dir, config.state.state_dir)
+    status = gate_main(
+        DEMO_UNIT, config.state.runtime_dir, config.state.state_dir, wait_s=config.gate.wait_s
+    )
     print(f"  exit status {status}: systemd would {'skip' if status else 'allow'} the next start")
     print(f"\n== vllm-supervisor preflight {DEMO_UNIT} --python {python} (before a start)\n")
     status = preflight_main(

@@ -93,6 +93,11 @@ class DriftRecorder:
         self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
         self._stopped = False  # the recorder task has ended: nothing queued will be recorded
 
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config: its units."""
+        self.config = config
+        self._units = frozenset(u.name for u in config.units)
+
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         """Note new starts and good starts; the batch passes unchanged."""
         for entry in batch:

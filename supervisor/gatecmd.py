@@ -3,17 +3,25 @@
 `gate` runs as the served unit's `ExecCondition=` (DESIGN.md §3): exit 1 skips the start (and,
 since systemd PR #22259, a skipped start is not restarted even with `Restart=always`), exit 0
 lets it run. It runs from *another* unit, so it must not trust that unit's RUNTIME_DIRECTORY:
-it checks the configured directories and the defaults, runtime and persistent, and fails closed
-when a record exists but cannot be read or a directory cannot be searched.
+it reads the installed config (or `--config`), checks the configured directories and the
+defaults, runtime and persistent, and fails closed when a record exists but cannot be read or a
+directory cannot be searched.
+
+Before it reads the records it waits for the running daemon to have decided the unit's last run
+(supervisor.actions.gatekeeper), bounded by `gate.wait_s`: at any `RestartSec=`, even 0, the
+start after a fatal crash is refused, not let through. With no daemon running it says so in
+one line and lets the start go: a missing supervisor must not take the server down.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from supervisor.actions.gatekeeper import Reply, ask, socket_path
 from supervisor.config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR
 from supervisor.quarantine import Quarantine
 
@@ -38,16 +46,55 @@ def quarantine_dirs(
     return unique
 
 
+RELEASE_NOTIFY_TIMEOUT_S = 2.0
+
+
 def gate_main(
     unit: str,
     runtime_dir: Path,
     state_dir: Path,
     *,
+    wait_s: float,
     out: TextIO | None = None,
     defaults: Sequence[Path] = DEFAULT_DIRS,
+    invocation_id: str | None = None,
 ) -> int:
-    """Exit status for ExecCondition: 1 while `unit` is quarantined (or unknowable), else 0."""
+    """Exit status for ExecCondition: 1 while `unit` is quarantined (or unknowable), else 0.
+
+    `invocation_id` is the start's own (systemd sets $INVOCATION_ID for ExecCondition=).
+    """
     stream = out if out is not None else sys.stderr
+    refused = _check_records(unit, runtime_dir, state_dir, defaults, stream)
+    if refused is not None:
+        return refused
+    if invocation_id is None:
+        invocation_id = os.environ.get("INVOCATION_ID") or None
+    request = {"op": "gate", "unit": unit, "invocation_id": invocation_id}
+    reply = ask(socket_path(runtime_dir), request, timeout_s=wait_s + 1.0)
+    _say_how_it_waited(unit, reply, wait_s, stream)
+    if not reply.reached:
+        return EXIT_ALLOW
+    return _check_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
+
+
+def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -> None:
+    """One line when the start goes ahead without the daemon's word."""
+    if not reply.reached:
+        print(
+            f"{unit}: start allowed: {reply.note}; nothing decides about its crashes", file=stream
+        )
+    elif not reply.answer.get("decided", False):
+        print(
+            f"{unit}: start allowed: the supervisor has not decided about the last run within "
+            f"{wait_s:.0f} s ({reply.answer.get('waited', 'no reason given')})",
+            file=stream,
+        )
+
+
+def _check_records(
+    unit: str, runtime_dir: Path, state_dir: Path, defaults: Sequence[Path], stream: TextIO
+) -> int | None:
+    """EXIT_QUARANTINED (with the reason printed) while a record exists or cannot be read."""
     for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
         try:
             record = Quarantine(directory).read(unit)
@@ -62,7 +109,7 @@ def gate_main(
             print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
             print(f"release it with: vllm-supervisor release {unit}", file=stream)
             return EXIT_QUARANTINED
-    return EXIT_ALLOW
+    return None
 
 
 def release_main(
@@ -86,6 +133,12 @@ def release_main(
             released += 1
             print(f"released {unit} ({directory}): {_summary(record)}", file=stream)
     if released:
+        # The daemon forgets the unit's streak and clears its halted gauge at once.
+        ask(
+            socket_path(runtime_dir),
+            {"op": "released", "unit": unit},
+            timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
+        )
         print(f"start it again with: systemctl start {unit}", file=stream)
     else:
         print(f"{unit} is not quarantined", file=stream)

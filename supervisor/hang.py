@@ -9,8 +9,9 @@ notice it.
 `HangDetector` is pure: it notes each unit's first engine-death line and says when the grace
 period has passed without the invocation ending. `HangWatcher` is the daemon task around it: it
 sleeps until the next deadline, confirms the hang (the unit is still `active` per systemd, and
-the loopback health URL fails), ends the invocation as hung, classifies it through the shared
-pipeline and acts: a halt for a fatal verdict, a restart otherwise (a restart may work).
+the loopback health URL fails), ends the invocation as hung and hands it to the daemon like any
+ended invocation: the shared pipeline decides, the actor acts (a halt for a fatal verdict, a
+restart otherwise; supervisor.actions).
 
 The death lines are a short list of their own, not the table's `wrapper` signatures: those also
 match lines that precede a normal exit (`Received sigquit from a child process`, TGI's shard
@@ -33,7 +34,7 @@ import structlog
 from supervisor.aio import first_of
 from supervisor.config import Config
 from supervisor.errors import SystemdError
-from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
+from supervisor.model import Ending, JournalEntry, LifecycleEvent, Outcome
 from supervisor.systemd import UnitState
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ _HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignore
 @dataclass(slots=True)
 class _Death:
     invocation_id: str | None
+    host: str | None
     line: str
     due: float
 
@@ -100,7 +102,7 @@ class HangDetector:
             # The grace period runs from when the line was read, not when it was logged: a
             # journal read from its head must not declare a hang before the end is read.
             due = self._clock() + self._grace[unit]
-            self._deaths[unit] = _Death(entry.invocation_id, entry.message, due)
+            self._deaths[unit] = _Death(entry.invocation_id, entry.host, entry.message, due)
 
     def due(self, now: float) -> list[str]:
         """Units whose death line is older than their grace period, invocation not ended."""
@@ -110,10 +112,16 @@ class HangDetector:
         """The earliest deadline (clock time), or None when no engine is known to be dead."""
         return min((d.due for d in self._deaths.values()), default=None)
 
-    def death(self, unit: str) -> tuple[str | None, str] | None:
-        """The invocation id and the death line noted for `unit`."""
+    def death(self, unit: str) -> tuple[str | None, str | None, str] | None:
+        """The invocation id, host and death line noted for `unit`."""
         death = self._deaths.get(unit)
-        return None if death is None else (death.invocation_id, death.line)
+        return None if death is None else (death.invocation_id, death.host, death.line)
+
+    def regrace(self, grace_s: Mapping[str, float]) -> None:
+        """New units and grace periods; deaths of units no longer supervised are forgotten."""
+        self._grace = dict(grace_s)
+        for unit in [u for u in self._deaths if u not in self._grace]:
+            del self._deaths[unit]
 
     def postpone(self, unit: str, until: float) -> None:
         """Check `unit` again at `until` (a confirmation could not be made now)."""
@@ -148,12 +156,6 @@ class UnitStates(Protocol):
     async def unit_state(self, unit: str) -> UnitState: ...
 
 
-class Restarting(Protocol):
-    """Restarts a unit (supervisor.halt.Halter)."""
-
-    async def restart(self, unit: str) -> str: ...
-
-
 class HangWatcher:
     """The daemon task that confirms and handles hung engines; also a daemon batch hook."""
 
@@ -162,7 +164,6 @@ class HangWatcher:
         daemon: Daemon,
         *,
         systemd: UnitStates | None,
-        restarter: Restarting | None,
         health: Callable[[str], Awaitable[bool]] = health_fails,
         clock: Callable[[], float] = time.monotonic,
         systemd_timeout_s: float = 10.0,
@@ -173,7 +174,6 @@ class HangWatcher:
             {u.name: u.hang_grace_s for u in self.config.units}, clock=clock
         )
         self._systemd = systemd
-        self._restarter = restarter
         self._health = health
         self._clock = clock
         self._systemd_timeout_s = systemd_timeout_s
@@ -199,6 +199,11 @@ class HangWatcher:
         """Ended invocations pass unchanged (the batch-hook protocol)."""
         return outcome
 
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config: its units and their grace periods."""
+        self.config = config
+        self.detector.regrace({u.name: u.hang_grace_s for u in config.units})
+
     async def run(self, stop: asyncio.Event) -> None:
         """Sleep until the next grace period ends (or a new death is seen); check due units."""
         while not stop.is_set():
@@ -223,12 +228,13 @@ class HangWatcher:
         async with self.daemon.lock:
             return await self._handle(unit, noted)
 
-    async def _handle(self, unit: str, noted: tuple[str | None, str]) -> Outcome | None:
+    async def _handle(self, unit: str, noted: tuple[str | None, str | None, str]) -> Outcome | None:
         self.detector.forget(unit)
-        if not self._still_open(unit, noted[0]):  # it ended while we asked
+        invocation_id, host, line = noted
+        if not self._still_open(unit, invocation_id):  # it ended while we asked
             return None
         pipeline = self.daemon.pipeline
-        invocation = pipeline.tracker.close(unit, hung=True)
+        invocation = pipeline.tracker.close(unit, host, invocation_id, Ending.HUNG)
         if invocation is None:
             return None
         if invocation.invocation_id is not None:
@@ -238,13 +244,12 @@ class HangWatcher:
             "engine_hung",
             unit=unit,
             invocation_id=invocation.invocation_id,
-            death_line=noted[1],
+            death_line=line,
             action=outcome.decision.action.value,
         )
         self.daemon.metrics.engine_hung(unit, outcome.decision.action)
-        await self._restart_if_allowed(unit, outcome)
-        await self.daemon.handle_outcomes([outcome])
-        return outcome
+        recorded = await self.daemon.handle_outcomes([outcome])
+        return recorded[0] if recorded else outcome
 
     def _still_open(self, unit: str, invocation_id: str | None) -> bool:
         current = self.daemon.pipeline.tracker.open_invocation(unit)
@@ -274,24 +279,10 @@ class HangWatcher:
             return False
         return True
 
-    async def _restart_if_allowed(self, unit: str, outcome: Outcome) -> None:
-        decision = outcome.decision
-        if decision.action is not Action.ALLOW_RESTART or self.config.is_dry_run(unit):
-            return  # a halt is the daemon's own action; a dry run only reports
-        if self._restarter is None:
-            log.warning("hang_restart_skipped", unit=unit, reason="systemd_disabled")
-            return
-        try:
-            await self._restarter.restart(unit)
-        except SystemdError as exc:
-            log.error("hang_restart_failed", unit=unit, reason=exc.reason, error=str(exc))
 
-
-def install(
-    daemon: Daemon, *, systemd: UnitStates | None, restarter: Restarting | None
-) -> HangWatcher:
+def install(daemon: Daemon, *, systemd: UnitStates | None) -> HangWatcher:
     """Add hang detection to `daemon`: its batch hook and its timer task."""
-    watcher = HangWatcher(daemon, systemd=systemd, restarter=restarter)
+    watcher = HangWatcher(daemon, systemd=systemd)
     daemon.hooks.append(watcher)
     daemon.extra_tasks.append(watcher.run)
     return watcher

@@ -32,9 +32,16 @@ _log = structlog.get_logger()
 class MetricsServer:
     """Serves the registry of `metrics` and the injected health check over HTTP."""
 
-    def __init__(self, metrics: Metrics, health: HealthCheck) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        health: HealthCheck,
+        *,
+        before_scrape: Callable[[], None] = lambda: None,
+    ) -> None:
         self._metrics = metrics
         self._health = health
+        self._before_scrape = before_scrape  # e.g. read which units are quarantined right now
         self._server: asyncio.Server | None = None
 
     @property
@@ -90,6 +97,10 @@ class MetricsServer:
             return HTTPStatus.METHOD_NOT_ALLOWED, "text/plain; charset=utf-8", b"GET only\n"
         route = path.split("?", 1)[0]
         if route == "/metrics":
+            try:
+                self._before_scrape()
+            except OSError as exc:
+                _log.warning("metrics_refresh_failed", error=str(exc))
             body, ctype = self._metrics.exposition()
             return HTTPStatus.OK, ctype, body
         if route == "/healthz":

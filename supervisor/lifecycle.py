@@ -1,13 +1,26 @@
 """The invocation tracker: groups journal entries into starts of a unit and sees each one end.
 
-An invocation is one start of a unit, named by systemd's invocation id (`_SYSTEMD_INVOCATION_ID`
-on the service's lines, `INVOCATION_ID` on PID 1's messages about it). It ends on PID 1's
-lifecycle messages, recognised by MESSAGE_ID and never by their text: "Failed with result" or
-"Deactivated successfully" (after "Main process exited" gave the exit code), an OOM kill, a skipped
-start, or, failing those, the first entry of the unit's next invocation.
+An invocation is one start of a unit on one machine, named by systemd's invocation id
+(`_SYSTEMD_INVOCATION_ID` on the service's lines, `INVOCATION_ID` on PID 1's messages). Entries
+are attributed to their machine (`_MACHINE_ID`): a journal directory may hold several hosts, and
+each host's units are tracked apart. An invocation ends on PID 1's lifecycle messages, recognised
+by MESSAGE_ID and never by their text: "Failed with result" or "Deactivated successfully" (after
+"Main process exited" gave the exit code), a skipped start; or, failing those, the start of a
+newer invocation (its end was never logged) or a new boot of its host (it ended with the boot).
 
-Memory is bounded whatever the invocation's length: the first lines, the last lines and the lines
-that look like errors or tracebacks are kept; everything else is only counted.
+The tracker is *total*: no content and no order of entries raises. Every invocation is returned
+exactly once, and no entry lands in two invocations: an entry of an invocation already returned
+is dropped (counted in `late_lines` or `late_events`), a line without an invocation id goes to
+the invocation of the same process, else the running one.
+
+After its end an invocation waits `settle_s` (journal time) for late lines: journald relays a
+service's stdout through a stream that can lag behind PID 1's own messages (seen on systemd
+252: a crash's last lines logged after "Failed with result"). The next start of the unit cuts
+the wait to `settle_after_start_s`.
+
+Memory is bounded whatever the invocation's length: the first lines, the last lines and the
+*latest* lines that look like errors or tracebacks, per process, are kept; everything else is
+only counted (`dropped_lines`), so the traceback printed at the end always survives a long run.
 """
 
 from __future__ import annotations
@@ -15,22 +28,31 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import time
 from bisect import bisect_right
-from collections import deque
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import re2
 
 from supervisor.config import TrackerConfig
-from supervisor.model import Invocation, JournalEntry, LifecycleEvent, LogLine, field_int
+from supervisor.environment import is_serving_line
+from supervisor.model import (
+    Ending,
+    Invocation,
+    JournalEntry,
+    LifecycleEvent,
+    LogLine,
+    field_int,
+)
 
 # Lines worth keeping past the head and tail caps: errors, tracebacks and their frames.
 _IMPORTANT = re.compile(
     r"Traceback|Error|ERROR|error:|Exception|CRITICAL|FATAL|Fatal|File \"|raise |"
     r"died|[Kk]illed|signal|NCCL WARN|assert|Xid|No such file|not found|[Ff]ailed|Abort|"
-    r"Segmentation|core dumped|does not match|not supported|out of memory",
+    r"Segmentation|core dumped|does not match|not supported|out of memory|panicked|terminate",
 )
 _FRAME = re.compile(r'^\s*(?:\S.*\s)?File "')
 _FRAME_LITERAL = 'File "'  # every match of _FRAME contains it: a cheap exact pre-check
@@ -47,48 +69,129 @@ def _important_re2() -> Any:
 # every alternative at every position (~20 us for a 300-character line); RE2's automaton reads
 # each byte once. On UTF-8 bytes an ASCII literal matches exactly where it matches in the str.
 _IMPORTANT_BYTES = _important_re2()
-_START_LIMIT = "Start request repeated too quickly"
+
 # Plain strings: an enum member's `.value` is a property call, and these are read per entry.
 _SUPPRESSED: str = LifecycleEvent.SUPPRESSED.value
-_JOB_STARTED: str = LifecycleEvent.JOB_STARTED.value
-_ENDING = {
-    LifecycleEvent.UNIT_FAILED.value,
-    LifecycleEvent.DEACTIVATED.value,
-    LifecycleEvent.CONDITION_SKIPPED.value,
-}
+_STARTING: str = LifecycleEvent.STARTING.value
+_STARTED: str = LifecycleEvent.JOB_STARTED.value
+_STOPPING: str = LifecycleEvent.STOPPING.value
+_STOPPED: str = LifecycleEvent.JOB_STOPPED.value
+_EXITED: str = LifecycleEvent.PROCESS_EXITED.value
+_OOM: str = LifecycleEvent.OOM_KILLED.value
+_RESTART: str = LifecycleEvent.RESTART_SCHEDULED.value
+_FAILED: str = LifecycleEvent.UNIT_FAILED.value
+_DEACTIVATED: str = LifecycleEvent.DEACTIVATED.value
+_SKIPPED: str = LifecycleEvent.CONDITION_SKIPPED.value
+_ENDS = frozenset({_FAILED, _DEACTIVATED, _SKIPPED})
+_MAIN_COMMANDS = frozenset({"", "ExecStart"})  # COMMAND= of the main process (absent: older)
 
 _Row = tuple[int, str, int | None, int | None, int]  # seq, text, pid, priority, realtime_us
+Key = tuple[str, str | None]  # (machine id or "", unit)
+
+_PIDS_REMEMBERED = 64  # per invocation: which processes' id-less lines belong to it
+_CLOSED_REMEMBERED = 256  # per unit and host: ids already returned, whose late entries drop
+_MAX_PROCESSES = 64  # per invocation: processes whose error lines are kept apart
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuppressionNotice:
+    """journald dropped lines of a unit, reported after the invocations they belonged to ended.
+
+    journald writes "Suppressed N messages from U" only when the unit logs again after its rate
+    limit interval, often from a later invocation; the decisions already made stand (they were
+    about the present), and the notice amends what history says about them.
+    """
+
+    unit: str | None
+    host: str | None
+    dropped: int
+    invocation_ids: tuple[str, ...]  # the decided invocations that ran within the interval
+    realtime_us: int
+
+
+@dataclass(slots=True)
+class _Kept:
+    """The latest lines worth keeping of each process, within a total bound (a ring, not the
+    first N): the traceback at the end of a long run survives the request errors before it."""
+
+    limit: int
+    count: int = 0
+    by_pid: OrderedDict[int | None, deque[_Row]] = field(default_factory=OrderedDict)
+
+    def add(self, row: _Row) -> None:
+        pid = row[2]
+        rows = self.by_pid.get(pid)
+        if rows is None:
+            if len(self.by_pid) >= _MAX_PROCESSES:
+                _, gone = self.by_pid.popitem(last=False)  # the process quiet the longest
+                self.count -= len(gone)
+            rows = self.by_pid[pid] = deque()
+        else:
+            self.by_pid.move_to_end(pid)
+        rows.append(row)
+        self.count += 1
+        if self.count > self.limit:
+            # Take the oldest line of the process that holds the most: one chatty process
+            # cannot push another's final traceback out.
+            largest = max(self.by_pid.values(), key=len)
+            largest.popleft()
+            self.count -= 1
+
+    def rows(self) -> Iterator[_Row]:
+        for rows in self.by_pid.values():
+            yield from rows
 
 
 @dataclass(slots=True)
 class _Builder:
-    """The mutable state of one open invocation."""
+    """The mutable state of one invocation until it is returned."""
 
     unit: str | None
     invocation_id: str | None
+    host: str | None
+    hostname: str | None
+    boot_id: str | None
     caps: TrackerConfig
     first_cursor: str | None = None
     started_us: int | None = None
     restarts: int = 0
     head: list[_Row] = field(default_factory=list)
     tail: deque[_Row] = field(default_factory=deque)
-    important: list[_Row] = field(default_factory=list)
+    kept: _Kept = field(default_factory=lambda: _Kept(limit=2000))
     total: int = 0
     suppressed: int = 0
     exit_code: str | None = None
     exit_status: int | None = None
     result: str | None = None
     oom_killed: bool = False
-    skipped: bool = False
-    settle_deadline_us: int | None = None  # set once ended: late lines are still taken until then
-    last_cursor: str | None = None
+    ending: Ending | None = None  # None while it runs
+    stop_requested: bool = False
+    main_started: bool = False
+    control_killed: bool = False  # a control process (the gate) was killed before the main ran
+    served_us: int | None = None
+    end_message: str | None = None
+    restart_of: str | None = None
+    restart_scheduled: int | None = None
     ended_us: int | None = None
+    deadline_us: int | None = None  # journal time after which it is decided (once ended)
+    read_deadline: float | None = None  # the same, in the reader's clock (a quiet journal)
+    last_cursor: str | None = None
+    last_us: int = 0
+    pids: set[int] = field(default_factory=set)
     _after_frame: set[int | None] = field(default_factory=set)
     _matches: dict[int, bool] = field(default_factory=dict)  # seq -> _IMPORTANT matched
 
     def add_line(self, seq: int, entry: JournalEntry) -> None:
         row: _Row = (seq, entry.message, entry.pid, entry.priority, entry.realtime_us)
         self.total += 1
+        self.last_cursor = entry.cursor
+        if entry.realtime_us > self.last_us:
+            self.last_us = entry.realtime_us
+        pid = entry.pid
+        if pid is not None and pid not in self.pids and len(self.pids) < _PIDS_REMEMBERED:
+            self.pids.add(pid)
+        if self.served_us is None and is_serving_line(entry.message):
+            self.served_us = entry.realtime_us
         if len(self.head) < self.caps.head_lines:
             self.head.append(row)
             return
@@ -105,18 +208,19 @@ class _Builder:
             self._after_frame.add(pid)
         elif after_frame:
             self._after_frame.discard(pid)
-        if len(self.important) >= self.caps.max_error_lines:
-            return
+        if len(self._after_frame) > _MAX_PROCESSES:
+            self._after_frame.clear()
         low = priority if priority is not None else 7
         if after_frame or low <= 3:
-            self.important.append(row)
+            self._matches.pop(row[0], None)
+            self.kept.add(row)
             return
         # _matches_important's cached answer, inline (this runs for nearly every line).
         matched = self._matches.pop(row[0], None)
         if matched is None:
             matched = self._matches_important(row)
         if matched:
-            self.important.append(row)
+            self.kept.add(row)
 
     def _matches_important(self, row: _Row) -> bool:
         """`_IMPORTANT.search(row text)`, computed for the whole tail at once when needed."""
@@ -129,12 +233,19 @@ class _Builder:
         self._matches = {r[0]: flag for r, flag in zip(rows[1:], flags[1:], strict=True)}
         return flags[0]
 
-    def build(self) -> Invocation:
-        rows = sorted({r[0]: r for r in (*self.head, *self.important, *self.tail)}.values())
+    def touch(self, entry: JournalEntry) -> None:
+        """Account for one of PID 1's messages about it (not a line)."""
+        self.last_cursor = entry.cursor
+        if entry.realtime_us > self.last_us:
+            self.last_us = entry.realtime_us
+
+    def build(self, ending: Ending) -> Invocation:
+        rows = sorted({r[0]: r for r in (*self.head, *self.kept.rows(), *self.tail)}.values())
         lines = tuple(
             LogLine(text=text, pid=pid, priority=prio, realtime_us=ts)
             for _, text, pid, prio, ts in rows
         )
+        ended = self.ended_us if self.ended_us is not None else self.last_us or None
         return Invocation(
             unit=self.unit,
             invocation_id=self.invocation_id,
@@ -144,169 +255,503 @@ class _Builder:
             suppressed_lines=self.suppressed,
             exit_code=self.exit_code,
             exit_status=self.exit_status,
-            result="exec-condition" if self.skipped else self.result,
+            result="exec-condition" if ending is Ending.SKIPPED else self.result,
             restarts=self.restarts,
             oom_killed=self.oom_killed,
+            hung=ending is Ending.HUNG,
             started_us=self.started_us,
-            ended_us=self.ended_us,
+            ended_us=ended,
             first_cursor=self.first_cursor,
             last_cursor=self.last_cursor,
+            ending=ending,
+            host=self.host,
+            hostname=self.hostname,
+            boot_id=self.boot_id,
+            stop_requested=self.stop_requested,
+            main_started=self.main_started,
+            served_us=self.served_us,
+            end_message=self.end_message,
+            restart_of=self.restart_of,
+            restart_scheduled=self.restart_scheduled,
         )
+
+
+@dataclass(slots=True)
+class _Track:
+    """One unit on one machine: its invocations in flight and the ids already returned."""
+
+    running: dict[str | None, _Builder] = field(default_factory=dict)  # not ended, by id
+    settling: dict[str | None, _Builder] = field(default_factory=dict)  # ended, late lines
+    closed: OrderedDict[str, tuple[int | None, int | None]] = field(default_factory=OrderedDict)
+    restarts: int = 0  # the last restart counter systemd logged
+    pending_restart_of: str | None = None  # an ended invocation whose restart was scheduled
+    boot_id: str | None = None
+
+    def builder_of(self, invocation_id: str | None) -> _Builder | None:
+        return self.running.get(invocation_id) or self.settling.get(invocation_id)
+
+    def newest_running(self) -> _Builder | None:
+        return next(reversed(self.running.values()), None)
 
 
 class InvocationTracker:
-    """Feeds on journal entries; returns each invocation as it ends."""
+    """Feeds on journal entries; returns each invocation as it ends, exactly once."""
 
-    def __init__(self, caps: TrackerConfig | None = None) -> None:
+    def __init__(
+        self, caps: TrackerConfig | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.caps = caps or TrackerConfig()
-        self._open: dict[str | None, _Builder] = {}  # by unit: one running invocation each
-        self._restarts: dict[str | None, int] = {}
+        self._clock = clock
+        self._tracks: dict[Key, _Track] = {}
         self._seq = itertools.count()
-        # journald relays a service's stdout through a stream that can lag behind PID 1's own
-        # "Failed with result" message: an ended invocation still takes its late lines for this
-        # long (journal time) before it is decided.
         self._settle_us = int(self.caps.settle_s * 1_000_000)
-        self._ending: dict[str | None, int] = {}  # unit -> settle deadline (journal time, us)
+        self._after_start_us = int(self.caps.settle_after_start_s * 1_000_000)
+        self._settling = 0  # builders waiting for late lines, over all tracks
+        self._notices: list[SuppressionNotice] = []
+        self.late_lines = 0  # lines of invocations already returned (dropped)
+        self.late_events = 0  # PID 1's messages about invocations already returned
+        # The fast path's memo: the track and invocation of the last service line.
+        self._last: tuple[str | None, str | None, str | None, _Builder] | None = None
+
+    # -- feeding ----------------------------------------------------------------------------
 
     def feed(self, entry: JournalEntry) -> list[Invocation]:
         """Account for one entry; return the invocations it ended (usually none)."""
-        unit = entry.unit
-        current = self._open.get(unit)
+        last = self._last
         if (
-            current is not None
-            and not self._ending
-            and entry.invocation_id == current.invocation_id
+            last is not None
+            and not self._settling
             and not entry.from_pid1
+            and entry.unit == last[0]
+            and entry.host == last[1]
+            and entry.invocation_id == last[2]
             and entry.message_id != _SUPPRESSED
+            and (entry.boot_id is None or entry.boot_id == last[3].boot_id)
         ):
             # The common case, ahead of the general path below (which it agrees with): one more
             # line of the running invocation, nothing ending or waiting for late lines.
-            current.add_line(next(self._seq), entry)
-            current.last_cursor = entry.cursor
+            last[3].add_line(next(self._seq), entry)
             return []
-        ended: list[Invocation] = self.flush_due(entry.realtime_us) if self._ending else []
-        if current is not None and current.settle_deadline_us is not None:
-            same = entry.invocation_id in (None, current.invocation_id)
-            if same and not entry.from_pid1 and not _is_unit_event(entry):
-                current.add_line(next(self._seq), entry)  # a late line of the ended invocation
-                current.last_cursor = entry.cursor
-                return ended
-            if not same or entry.message_id == _JOB_STARTED:
-                ended.append(self._close(unit))
-                current = None
-        if (
-            current is not None
-            and entry.invocation_id is not None
-            and current.invocation_id is not None
-            and entry.invocation_id != current.invocation_id
-        ):
-            # A new start although the end of the last one was never seen (lost or not logged).
-            ended.append(self._close(unit))
-            current = None
-        if current is not None and current.invocation_id is None and entry.invocation_id:
-            # journald reads the id from the cgroup and can miss it on a line printed as a
-            # process exits; the invocation is still the same one, now named.
-            current.invocation_id = entry.invocation_id
-        if entry.from_pid1 or _is_unit_event(entry):
-            ended += self._lifecycle(entry, current)
-            return ended
-        builder = current or self._begin(entry)
-        builder.add_line(next(self._seq), entry)
-        builder.last_cursor = entry.cursor
+        key: Key = (entry.host or "", entry.unit)
+        track = self._tracks.get(key)
+        if track is None:
+            track = self._tracks[key] = _Track()
+        ended: list[Invocation] = []
+        if self._settling:
+            ended += self._flush_track(key, track, entry.realtime_us)
+        if entry.boot_id is not None and entry.boot_id != track.boot_id:
+            ended += self._new_boot(key, track, entry.boot_id)
+        if entry.message_id == _SUPPRESSED:
+            self._suppressed(key, track, entry)
+        elif entry.from_pid1:
+            ended += self._lifecycle(key, track, entry)
+        else:
+            ended += self._line(key, track, entry)
         return ended
 
-    def _lifecycle(self, entry: JournalEntry, current: _Builder | None) -> list[Invocation]:
+    def _line(self, key: Key, track: _Track, entry: JournalEntry) -> list[Invocation]:
+        invocation_id = entry.invocation_id
+        ended: list[Invocation] = []
+        if invocation_id is None:
+            builder = self._owner_of_anonymous(track, entry.pid)
+        else:
+            if invocation_id in track.closed:
+                self.late_lines += 1
+                return []
+            builder = track.builder_of(invocation_id)
+            if builder is None:
+                unnamed = track.running.get(None)
+                if unnamed is not None:
+                    # journald reads the id from the cgroup and can miss it on a line printed
+                    # as a process exits: the unnamed invocation is this one, now named.
+                    builder = self._name(track, unnamed, invocation_id)
+                else:
+                    ended += self._supersede(key, track, invocation_id)
+                    self._cut_settling(track, invocation_id, entry.realtime_us)
+                    builder = self._begin(key, track, entry)
+        if builder is None:
+            builder = self._begin(key, track, entry)
+        builder.add_line(next(self._seq), entry)
+        if builder.ending is None and builder.invocation_id == invocation_id:
+            self._last = (entry.unit, entry.host, invocation_id, builder)
+        return ended
+
+    def _owner_of_anonymous(self, track: _Track, pid: int | None) -> _Builder | None:
+        """A line without an invocation id: its process's invocation, else the running one."""
+        if pid is not None:
+            for builder in (*track.running.values(), *track.settling.values()):
+                if pid in builder.pids:
+                    return builder
+        return track.newest_running() or next(reversed(track.settling.values()), None)
+
+    def _lifecycle(self, key: Key, track: _Track, entry: JournalEntry) -> list[Invocation]:
         event = entry.message_id
+        invocation_id = entry.invocation_id
         fields = entry.fields
-        if event == LifecycleEvent.RESTART_SCHEDULED.value:
-            self._restarts[entry.unit] = field_int(fields.get("N_RESTARTS")) or 0
+        if event == _RESTART:
+            track.restarts = field_int(fields.get("N_RESTARTS")) or 0
+            track.pending_restart_of = invocation_id
+            builder = track.builder_of(invocation_id)
+            if builder is not None:
+                builder.restart_scheduled = track.restarts
+                builder.touch(entry)
             return []
-        if event == LifecycleEvent.SUPPRESSED.value:
-            if current is not None:
-                current.suppressed += field_int(fields.get("N_DROPPED")) or 0
+        if event == _FAILED and fields.get("UNIT_RESULT") == "start-limit-hit":
+            return self._start_limit(key, track, entry)
+        stop_job = event == _STOPPED and fields.get("JOB_TYPE") == "stop"
+        if stop_job and track.pending_restart_of == invocation_id:
+            track.pending_restart_of = None  # a stop job cancelled the pending restart
+        if invocation_id is not None and invocation_id in track.closed:
+            self.late_events += 1
             return []
-        if event not in _ENDING and event not in (
-            LifecycleEvent.PROCESS_EXITED.value,
-            LifecycleEvent.OOM_KILLED.value,
-        ):
+        if event not in _KNOWN_EVENTS:
             return []
-        if current is not None and current.settle_deadline_us is not None:
-            return []  # already ended; only waiting for late lines
-        builder = current or self._begin(entry)
-        builder.last_cursor = entry.cursor
-        if event == LifecycleEvent.PROCESS_EXITED.value:
-            builder.exit_code = fields.get("EXIT_CODE")
-            builder.exit_status = field_int(fields.get("EXIT_STATUS"))
-            return []
-        if event == LifecycleEvent.OOM_KILLED.value:
+        ended: list[Invocation] = []
+        builder = track.builder_of(invocation_id)
+        if event == _STARTING or (event == _STARTED and builder is None):
+            ended += self._next_start(key, track, invocation_id, entry)
+            builder = track.builder_of(invocation_id)
+        if builder is None:
+            if event in (_STOPPED, _STOPPING):
+                return ended  # about an invocation this journal never showed
+            if invocation_id is not None and None in track.running:
+                builder = self._name(track, track.running[None], invocation_id)
+            else:
+                ended += self._supersede(key, track, invocation_id)
+                builder = self._begin(key, track, entry)
+        builder.touch(entry)
+        if builder.ending is not None or event == _STARTING:
+            return ended  # already ended (only waiting for late lines), or just begun
+        if event == _STARTED:
+            # The same MESSAGE_ID says "Condition check resulted in U being skipped." (skipped).
+            builder.main_started = fields.get("JOB_RESULT") in (None, "done")
+        elif event == _STOPPING:
+            builder.stop_requested = True
+        elif event == _EXITED:
+            self._exited(builder, entry)
+        elif event == _OOM:
             builder.oom_killed = True
-            return []
-        builder.result = fields.get("UNIT_RESULT") or (
-            "success" if event == LifecycleEvent.DEACTIVATED.value else None
-        )
-        builder.skipped = event == LifecycleEvent.CONDITION_SKIPPED.value
+            builder.end_message = _without_unit(entry.message, builder.unit)
+        elif event == _STOPPED:
+            # "Stopped" without "Failed"/"Deactivated" first: the stop job's end is its end.
+            ended += self._end(key, track, builder, entry, None)
+        else:  # _ENDS
+            ended += self._end(key, track, builder, entry, fields.get("UNIT_RESULT"))
+        return ended
+
+    def _exited(self, builder: _Builder, entry: JournalEntry) -> None:
+        fields = entry.fields
+        command = fields.get("COMMAND", "")
+        code, status = fields.get("EXIT_CODE"), field_int(fields.get("EXIT_STATUS"))
+        if command in _MAIN_COMMANDS:
+            builder.main_started = True
+            builder.exit_code, builder.exit_status = code, status
+            if not builder.oom_killed:
+                builder.end_message = _without_unit(entry.message, builder.unit)
+        elif code == "killed" and not builder.main_started:
+            builder.control_killed = True  # e.g. the gate, killed by a stop job
+
+    def _end(
+        self, key: Key, track: _Track, builder: _Builder, entry: JournalEntry, result: str | None
+    ) -> list[Invocation]:
+        event = entry.message_id
+        builder.result = result or ("success" if event == _DEACTIVATED else builder.result)
         builder.ended_us = entry.realtime_us
-        if self._settle_us <= 0 or builder.skipped:
-            return [self._close(entry.unit)]
-        builder.settle_deadline_us = entry.realtime_us + self._settle_us
-        self._ending[entry.unit] = builder.settle_deadline_us
+        if event == _SKIPPED:
+            builder.ending = Ending.SKIPPED
+        elif builder.control_killed and not builder.main_started:
+            builder.ending = Ending.GATE_STOPPED
+        elif builder.stop_requested:
+            builder.ending = Ending.STOPPED
+        else:
+            builder.ending = Ending.EXITED
+        track.running.pop(builder.invocation_id, None)
+        if self._settle_us <= 0 or builder.ending is Ending.SKIPPED:
+            return [self._close(track, builder)]
+        builder.deadline_us = entry.realtime_us + self._settle_us
+        builder.read_deadline = self._clock() + self.caps.settle_s
+        track.settling[builder.invocation_id] = builder
+        self._settling += 1
         return []
 
-    def flush_due(self, now_us: int) -> list[Invocation]:
-        """Decide-ready invocations: ended, and their late-line window has passed."""
-        due = [unit for unit, deadline in self._ending.items() if deadline <= now_us]
-        return [self._close(unit) for unit in due]
+    def _next_start(
+        self, key: Key, track: _Track, invocation_id: str | None, entry: JournalEntry
+    ) -> list[Invocation]:
+        """A start job began ("Starting U..."): a new invocation, and the last one is done."""
+        ended = self._supersede(key, track, invocation_id)
+        self._cut_settling(track, invocation_id, entry.realtime_us)
+        if track.builder_of(invocation_id) is None:
+            if invocation_id is not None and None in track.running:
+                builder = self._name(track, track.running[None], invocation_id)
+            else:
+                builder = self._begin(key, track, entry)
+            # systemd counts automatic restarts only; any other start resets NRestarts to 0.
+            builder.restart_of = track.pending_restart_of
+            builder.restarts = track.restarts if builder.restart_of is not None else 0
+            track.restarts = builder.restarts
+        track.pending_restart_of = None
+        return ended
 
-    def next_deadline_us(self) -> int | None:
-        """When the next ended invocation becomes ready (journal time), if any is waiting."""
-        return min(self._ending.values(), default=None)
+    def _cut_settling(self, track: _Track, invocation_id: str | None, now_us: int) -> None:
+        """A newer invocation began: the ended ones' processes are gone, wait only a little."""
+        cut = now_us + self._after_start_us
+        soon = self._clock() + self.caps.settle_after_start_s
+        for builder in track.settling.values():
+            if builder.invocation_id != invocation_id:
+                builder.deadline_us = min(builder.deadline_us or cut, cut)
+                builder.read_deadline = min(builder.read_deadline or soon, soon)
 
-    def _begin(self, entry: JournalEntry) -> _Builder:
+    def _supersede(self, key: Key, track: _Track, invocation_id: str | None) -> list[Invocation]:
+        """A newer invocation appears: running ones with another id ended, their end unseen."""
+        stale = [b for b in track.running.values() if b.invocation_id not in (None, invocation_id)]
+        ended = [self._close(track, b, Ending.UNSEEN) for b in stale]
+        if len(track.running) >= self.caps.max_open_invocations:
+            oldest = next(iter(track.running.values()))
+            ended.append(self._close(track, oldest, Ending.UNSEEN))
+        return ended
+
+    def _new_boot(self, key: Key, track: _Track, boot_id: str) -> list[Invocation]:
+        """The host booted again: what ran in the old boot ended with it."""
+        old = track.boot_id
+        track.boot_id = boot_id
+        if old is None:
+            return []
+        ended = [
+            self._close(track, b, Ending.BOOT)
+            for b in list(track.running.values())
+            if b.boot_id not in (None, boot_id)
+        ]
+        ended += [
+            self._close(track, b)
+            for b in list(track.settling.values())
+            if b.boot_id not in (None, boot_id)
+        ]
+        track.pending_restart_of = None
+        track.restarts = 0
+        return ended
+
+    def _start_limit(self, key: Key, track: _Track, entry: JournalEntry) -> list[Invocation]:
+        """systemd gave up restarting the unit: reported once, as an invocation of its own.
+
+        PID 1 logs it about the last invocation (no new one was started), which has usually been
+        returned already; one still in flight is returned first, as it ended.
+        """
+        ended: list[Invocation] = []
+        builder = track.builder_of(entry.invocation_id)
+        if builder is not None:
+            ended.append(self._close(track, builder))
+        track.pending_restart_of = None
+        ended.append(
+            Invocation(
+                unit=key[1],
+                invocation_id=None,
+                lines=(),
+                result="start-limit-hit",
+                restarts=track.restarts,
+                ending=Ending.START_LIMIT,
+                host=entry.host,
+                hostname=entry.hostname,
+                boot_id=entry.boot_id,
+                started_us=entry.realtime_us,
+                ended_us=entry.realtime_us,
+                first_cursor=entry.cursor,
+                last_cursor=entry.cursor,
+            )
+        )
+        return ended
+
+    def _suppressed(self, key: Key, track: _Track, entry: JournalEntry) -> None:
+        """journald's "Suppressed N messages": count them where they were lost."""
+        dropped = field_int(entry.fields.get("N_DROPPED")) or 0
+        if dropped <= 0:
+            return
+        after = entry.fields.get("OBJECT_SYSTEMD_INVOCATION_ID")
+        # The notice comes with the first line after the interval, often a later invocation's
+        # ("after"): the lines were lost from the invocations that logged before it.
+        candidates = [
+            b
+            for b in (*track.settling.values(), *track.running.values())
+            if b.invocation_id != after
+        ]
+        if candidates:
+            candidates[-1].suppressed += dropped
+            return
+        window_us = int(self.caps.ratelimit_interval_s * 1_000_000)
+        since = entry.realtime_us - window_us
+        ids = tuple(
+            inv_id
+            for inv_id, (started, ended) in track.closed.items()
+            if (ended or started or 0) >= since and inv_id != after
+        )
+        running = track.builder_of(after)
+        if not ids and running is not None:
+            running.suppressed += dropped  # its own lines, then
+            return
+        self._notices.append(
+            SuppressionNotice(
+                unit=key[1],
+                host=entry.host,
+                dropped=dropped,
+                invocation_ids=ids,
+                realtime_us=entry.realtime_us,
+            )
+        )
+
+    def _begin(self, key: Key, track: _Track, entry: JournalEntry) -> _Builder:
+        caps = self.caps
         builder = _Builder(
-            unit=entry.unit,
+            unit=key[1],
             invocation_id=entry.invocation_id,
-            caps=self.caps,
+            host=entry.host,
+            hostname=entry.hostname,
+            boot_id=entry.boot_id,
+            caps=caps,
             first_cursor=entry.cursor,
             started_us=entry.realtime_us,
-            restarts=self._restarts.get(entry.unit, 0),
+            restarts=track.restarts,
+            kept=_Kept(limit=caps.max_error_lines),
         )
-        self._open[entry.unit] = builder
+        builder.touch(entry)
+        track.running[entry.invocation_id] = builder
         return builder
 
-    def _close(self, unit: str | None) -> Invocation:
-        self._ending.pop(unit, None)
-        return self._open.pop(unit).build()
+    def _name(self, track: _Track, builder: _Builder, invocation_id: str) -> _Builder:
+        del track.running[None]
+        builder.invocation_id = invocation_id
+        track.running[invocation_id] = builder
+        return builder
 
-    def close(self, unit: str | None, *, hung: bool = False) -> Invocation | None:
-        """End a unit's open invocation now (a hung engine, or the end of a saved journal)."""
-        if unit not in self._open:
+    def _close(self, track: _Track, builder: _Builder, ending: Ending | None = None) -> Invocation:
+        """Return `builder` as an ended invocation; it is forgotten except for its id."""
+        if track.running.get(builder.invocation_id) is builder:
+            del track.running[builder.invocation_id]
+        if track.settling.get(builder.invocation_id) is builder:
+            del track.settling[builder.invocation_id]
+            self._settling -= 1
+        if self._last is not None and self._last[3] is builder:
+            self._last = None
+        if builder.invocation_id is not None:
+            track.closed[builder.invocation_id] = (builder.started_us, builder.ended_us)
+            while len(track.closed) > _CLOSED_REMEMBERED:
+                track.closed.popitem(last=False)
+        final = ending or builder.ending or Ending.UNSEEN
+        if builder.ended_us is None and final is not Ending.OPEN:
+            builder.ended_us = builder.last_us or None
+        return builder.build(final)
+
+    # -- time passing -------------------------------------------------------------------------
+
+    def _flush_track(self, key: Key, track: _Track, now_us: int) -> list[Invocation]:
+        if not track.settling:
+            return []
+        due = [b for b in track.settling.values() if (b.deadline_us or 0) <= now_us]
+        return [self._close(track, b) for b in due]
+
+    def flush_due(self, now_us: int) -> list[Invocation]:
+        """Ended invocations whose late-line window has passed by journal time `now_us`."""
+        ended: list[Invocation] = []
+        for key, track in self._tracks.items():
+            ended += self._flush_track(key, track, now_us)
+        return ended
+
+    def flush_quiet(self, now: float | None = None) -> list[Invocation]:
+        """Ended invocations whose window has passed on the reader's clock (a quiet journal)."""
+        now = self._clock() if now is None else now
+        ended: list[Invocation] = []
+        for track in self._tracks.values():
+            due = [b for b in track.settling.values() if (b.read_deadline or 0.0) <= now]
+            ended += [self._close(track, b) for b in due]
+        return ended
+
+    def next_deadline(self) -> float | None:
+        """When the next ended invocation becomes ready (reader's clock), if any is waiting."""
+        deadlines = [
+            b.read_deadline
+            for track in self._tracks.values()
+            for b in track.settling.values()
+            if b.read_deadline is not None
+        ]
+        return min(deadlines, default=None)
+
+    # -- ending on demand ------------------------------------------------------------------
+
+    def close(
+        self, unit: str | None, host: str | None, invocation_id: str | None, ending: Ending
+    ) -> Invocation | None:
+        """End a running invocation now (the daemon saw its engine hang); None if not running."""
+        track = self._tracks.get((host or "", unit))
+        if track is None:
             return None
-        invocation = self._close(unit)
-        return dataclasses.replace(invocation, hung=True) if hung else invocation
+        builder = track.running.get(invocation_id) or (
+            track.newest_running() if invocation_id is None else None
+        )
+        if builder is None:
+            return None
+        return self._close(track, builder, ending)
 
     def close_all(self) -> list[Invocation]:
-        """End every open invocation (the end of a saved journal)."""
-        return [self._close(unit) for unit in list(self._open)]
+        """End every invocation (the end of a saved journal): settling ones as they ended,
+        running ones as still open."""
+        ended: list[Invocation] = []
+        for track in self._tracks.values():
+            ended += [self._close(track, b) for b in list(track.settling.values())]
+            ended += [self._close(track, b, Ending.OPEN) for b in list(track.running.values())]
+        return ended
 
-    def open_units(self) -> list[str | None]:
-        """Units with an invocation still running."""
-        return list(self._open)
+    # -- views ---------------------------------------------------------------------------------
 
-    def open_invocation(self, unit: str | None) -> Invocation | None:
+    def open_invocation(self, unit: str | None, host: str | None = None) -> Invocation | None:
         """A snapshot of a unit's running invocation, without ending it."""
-        builder = self._open.get(unit)
-        return builder.build() if builder is not None else None
+        for (track_host, name), track in self._tracks.items():
+            if name == unit and (host is None or track_host == (host or "")):
+                builder = track.newest_running()
+                if builder is not None:
+                    return builder.build(Ending.OPEN)
+        return None
+
+    def running_id(self, unit: str | None, host: str | None = None) -> str | None:
+        """The invocation id of a unit's running invocation (None: none, or not named)."""
+        for (track_host, name), track in self._tracks.items():
+            if name == unit and (host is None or track_host == (host or "")):
+                builder = track.newest_running()
+                if builder is not None:
+                    return builder.invocation_id
+        return None
+
+    def has_seen(self, unit: str | None, invocation_id: str) -> bool:
+        """True once an entry of that invocation of `unit` was read (on any host)."""
+        for (_, name), track in self._tracks.items():
+            if name == unit and (
+                track.builder_of(invocation_id) is not None or invocation_id in track.closed
+            ):
+                return True
+        return False
+
+    def settling(self, unit: str | None) -> bool:
+        """True while an ended invocation of `unit` still waits for its late lines."""
+        return any(name == unit and track.settling for (_, name), track in self._tracks.items())
+
+    def take_notices(self) -> list[SuppressionNotice]:
+        """journald's late reports of lost lines, since the last call."""
+        notices, self._notices = self._notices, []
+        return notices
 
     def replay_from(self) -> str | None:
-        """The first cursor of the oldest open invocation: where a restart must re-read from."""
-        starts = [b for b in self._open.values() if b.first_cursor is not None]
-        if not starts:
+        """The first cursor of the oldest invocation in flight: where a restart re-reads from."""
+        builders = [
+            b
+            for track in self._tracks.values()
+            for b in (*track.running.values(), *track.settling.values())
+            if b.first_cursor is not None
+        ]
+        if not builders:
             return None
-        return min(starts, key=lambda b: b.started_us or 0).first_cursor
+        return min(builders, key=lambda b: b.started_us or 0).first_cursor
 
 
-def _is_frame(text: str) -> bool:
-    return _FRAME_LITERAL in text and _FRAME.search(text) is not None
+_KNOWN_EVENTS = frozenset(
+    {_STARTING, _STARTED, _STOPPING, _STOPPED, _EXITED, _OOM, _FAILED, _DEACTIVATED, _SKIPPED}
+)
 
 
 def _important_flags(texts: Sequence[str]) -> list[bool]:
@@ -320,11 +765,12 @@ def _important_flags(texts: Sequence[str]) -> list[bool]:
     return flags
 
 
-def _is_unit_event(entry: JournalEntry) -> bool:
-    # journald's "Suppressed N messages" is logged by journald, not PID 1, about the unit.
-    return entry.message_id == _SUPPRESSED
+def _without_unit(message: str, unit: str | None) -> str:
+    """PID 1's text without its "unit: " prefix (the unit is named elsewhere)."""
+    prefix = f"{unit}: "
+    return message[len(prefix) :] if unit and message.startswith(prefix) else message
 
 
-def is_start_limit_hit(entry: JournalEntry) -> bool:
-    """systemd's start-limit message has no MESSAGE_ID; its text is all there is."""
-    return entry.from_pid1 and _START_LIMIT in entry.message
+def replace_ending(invocation: Invocation, ending: Ending) -> Invocation:
+    """The invocation with another ending (e.g. closed as hung by the daemon)."""
+    return dataclasses.replace(invocation, ending=ending, hung=ending is Ending.HUNG)

@@ -42,8 +42,8 @@ NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "drop
 """Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
 
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
-ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "other")
-HALT_REASONS = ("fatal_signature", "unknown_repeat", "other")
+ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
+HALT_REASONS = ("fatal_signature", "unknown_repeat", "inferred_fatal", "other")
 HALT_FAILED_REASONS = (
     "timeout",
     "access_denied",
@@ -111,6 +111,11 @@ class Metrics:
         )
         self._invalid = self._counter(
             "journal_entries_invalid_total", "Journal entries skipped as invalid.", ["reason"]
+        )
+        self._suppressed = self._counter(
+            "journal_lines_suppressed_total",
+            "Lines of a unit that journald's rate limit dropped (its 'Suppressed N messages').",
+            ["unit"],
         )
         self._cursor_gaps = self._counter(
             "journal_cursor_gaps_total",
@@ -233,6 +238,7 @@ class Metrics:
                 self._decisions.labels(unit, UNKNOWN, action.value, dry)
         if unit == UNKNOWN:
             return
+        self._suppressed.labels(unit)
         self._halted.labels(unit).set(0)
         for reason in HALT_REASONS:
             self._halts.labels(unit, reason)
@@ -329,6 +335,18 @@ class Metrics:
     def units_halted(self, unit: str, halted: bool) -> None:
         """Set whether a unit is quarantined (at start-up, on halt, on release)."""
         self._halted.labels(self._unit(unit)).set(1 if halted else 0)
+
+    def halted_units(self, quarantined: set[str]) -> None:
+        """Set `unit_halted` of every known unit from the quarantine records that exist now
+        (a `release` by another process shows at the next scrape)."""
+        for unit in self._units - {UNKNOWN}:
+            self._halted.labels(unit).set(1 if unit in quarantined else 0)
+        for unit in quarantined - self._units:
+            self.units_halted(unit, True)
+
+    def lines_suppressed(self, unit: str | None, count: int) -> None:
+        """Count lines journald dropped from a unit (its rate limit)."""
+        self._suppressed.labels(self._unit(unit)).inc(max(0, count))
 
     def notification(self, outcome: str) -> None:
         """Count a notification event: queued, grouped, sent, retried, failed or dropped."""

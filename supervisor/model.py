@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
@@ -45,6 +46,21 @@ class Action(StrEnum):
     OBSERVE = "observe"
 
 
+class Taken(StrEnum):
+    """What the supervisor did about an ended invocation (history, Slack, metrics)."""
+
+    HALTED = "halted"  # quarantined, and systemd was told (stopped, or the gate refused it)
+    QUARANTINED = "quarantined"  # quarantined; systemd was not told (disabled or failing)
+    HALT_FAILED = "halt-failed"  # the quarantine could not be written
+    WOULD_HALT = "dry-run"  # a dry run: it would have halted
+    RESTARTING = "restarting"  # systemd restarts it (its own Restart=)
+    RESTARTED = "restarted"  # the supervisor restarted it (a hung engine; exit 0 after a crash)
+    RESTART_FAILED = "restart-failed"
+    DOWN = "down"  # it crashed and nothing restarts it
+    RECORDED = "recorded"  # read late (history): reported, never acted on
+    OBSERVED = "observed"
+
+
 class LifecycleEvent(StrEnum):
     """systemd's messages about a unit, recognised by MESSAGE_ID (never by text)."""
 
@@ -57,6 +73,24 @@ class LifecycleEvent(StrEnum):
     CONDITION_SKIPPED = "0e4284a0caca4bfc81c0bb6786972673"
     OOM_KILLED = "fe6faa94e7774663a0da52717891d8ef"
     SUPPRESSED = "a596d6fe7bfa4994828e72309e95d61e"
+    # A job began: "Starting U..." (JOB_TYPE=start, the new invocation's id) and "Stopping U..."
+    # (JOB_TYPE=stop, also for `systemctl restart`): a stop job is a person's or a tool's.
+    STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+    STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
+
+
+class Ending(StrEnum):
+    """How an invocation came to its end, as the journal shows it."""
+
+    EXITED = "exited"  # PID 1 logged "Failed with result" or "Deactivated successfully"
+    STOPPED = "stopped"  # a stop or restart job ended it ("Stopping U..." while it ran)
+    SKIPPED = "skipped"  # its start was skipped by ExecCondition= (the gate)
+    GATE_STOPPED = "gate-stopped"  # stopped while its ExecCondition= ran: it never started
+    START_LIMIT = "start-limit"  # systemd refused to start it again (start-limit-hit)
+    BOOT = "boot"  # the host rebooted (or lost power) before it ended
+    UNSEEN = "unseen"  # a newer start came; this one's end was never logged
+    HUNG = "hung"  # closed by the supervisor: its engine died while the unit stayed up
+    OPEN = "open"  # still running at the end of a saved journal
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +113,9 @@ class JournalEntry:
     from_pid1: bool = False
     # Lifecycle fields (EXIT_CODE, EXIT_STATUS, UNIT_RESULT, N_RESTARTS, JOB_RESULT, ...).
     fields: Mapping[str, str] = field(default_factory=_empty)
+    host: str | None = None  # _MACHINE_ID: which machine logged it (a directory may hold several)
+    hostname: str | None = None  # _HOSTNAME, for people
+    boot_id: str | None = None  # _BOOT_ID
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +138,16 @@ class Invocation:
     total_lines: int = 0  # lines seen, including those not kept
     dropped_lines: int = 0  # lines not kept because of the memory caps
     suppressed_lines: int = 0  # lines journald's rate limit dropped ("Suppressed N messages")
+    ending: Ending = Ending.EXITED
+    host: str | None = None  # _MACHINE_ID of the machine it ran on
+    hostname: str | None = None
+    boot_id: str | None = None
+    stop_requested: bool = False  # a stop or restart job began while it ran (a person, a tool)
+    main_started: bool = False  # its main process ran (PID 1's "Started", or its exit was logged)
+    served_us: int | None = None  # when it first logged that it serves (None: it never did)
+    restart_of: str | None = None  # the invocation systemd restarted automatically into this one
+    restart_scheduled: int | None = None  # N of "Scheduled restart job, restart counter is at N"
+    end_message: str | None = None  # PID 1's "Main process exited, ..." or its OOM-kill message
     exit_code: str | None = None  # exited | killed | dumped
     exit_status: int | None = None
     result: str | None = None  # success | exit-code | signal | core-dump | oom-kill | ...
@@ -113,8 +160,22 @@ class Invocation:
     last_cursor: str | None = None
 
     @property
+    def served(self) -> bool:
+        """True when it logged that it serves before it ended."""
+        return self.served_us is not None
+
+    @property
+    def ran_s(self) -> float | None:
+        """Seconds from its first entry to its end, when both are known."""
+        if self.started_us is None or self.ended_us is None:
+            return None
+        return max(0.0, (self.ended_us - self.started_us) / 1e6)
+
+    @property
     def failed(self) -> bool:
         """True when systemd itself saw a failure (non-zero exit, signal, OOM, failed result)."""
+        if self.ending in (Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT):
+            return False
         if self.oom_killed or self.hung:
             return True
         if self.result is not None and self.result != "success":
@@ -140,6 +201,8 @@ class Verdict:
     # which is how an invocation that exited 0 after its engine died is still seen as a crash.
     crashed: bool = False
     notes: tuple[str, ...] = ()
+    # The root cause was logged while serving, long before the end (context, not proof).
+    from_context: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The `verdict` object of the triage/history JSON contract (DESIGN.md §4)."""
@@ -163,10 +226,18 @@ class Decision:
     action: Action
     reason: str
     dry_run: bool = False
+    # The rule that decided, a short code (a bounded metric label): fatal_signature,
+    # unknown_repeat, transient, unknown_first, clean_exit, operator_stop, skipped, boot, late...
+    rule: str = "other"
 
     def to_json(self) -> dict[str, Any]:
         """The `decision` object of the triage/history JSON contract."""
-        return {"action": self.action.value, "reason": self.reason, "dry_run": self.dry_run}
+        return {
+            "action": self.action.value,
+            "reason": self.reason,
+            "dry_run": self.dry_run,
+            "rule": self.rule,
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +249,8 @@ class Outcome:
     decision: Decision
     # What changed in the unit's environment since its last good start (supervisor.drift).
     drift: tuple[str, ...] = ()
+    taken: Taken = Taken.OBSERVED  # what the supervisor did (set by supervisor.actions)
+    taken_detail: str = ""  # one sentence on it: what was done, or why nothing was
 
     def to_json(self) -> dict[str, Any]:
         """One element of the `invocations` list of the triage/history JSON contract."""
@@ -190,8 +263,27 @@ class Outcome:
             "result": inv.result,
             "restarts": inv.restarts,
             "lines": inv.total_lines,
+            "dropped_lines": inv.dropped_lines,
+            "suppressed_lines": inv.suppressed_lines,
+            "ending": inv.ending.value,
+            "host": inv.hostname or inv.host,
+            "started": _iso(inv.started_us),
+            "ended": _iso(inv.ended_us),
+            "served": inv.served,
             "hung": inv.hung,
             "verdict": self.verdict.to_json(),
             "decision": self.decision.to_json(),
+            "taken": self.taken.value,
+            "taken_detail": self.taken_detail,
             "drift": list(self.drift),
         }
+
+
+def _iso(us: int | None) -> str | None:
+    """A journal timestamp (microseconds since the epoch) in ISO 8601, UTC."""
+    if us is None or us <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return None

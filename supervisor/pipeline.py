@@ -10,15 +10,19 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import structlog
+
 from supervisor.classify import Classifier
 from supervisor.config import Config
 from supervisor.lifecycle import InvocationTracker
-from supervisor.model import Invocation, JournalEntry, Outcome
+from supervisor.model import Invocation, JournalEntry, Outcome, Severity, Verdict
 from supervisor.policy import RestartPolicy
 from supervisor.signatures import SignatureTable
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
+
+log = structlog.get_logger(__name__)
 
 
 class Pipeline:
@@ -41,27 +45,55 @@ class Pipeline:
         self._classifiers: dict[str | None, Classifier] = {}
         self.table = table
         self._units = frozenset(u.name for u in config.units)
+        self.skipped_entries = 0  # entries or invocations whose handling raised (logged)
 
-    def reload(self, table: SignatureTable) -> None:
-        """Use a new signature table from the next invocation on."""
+    def reload(self, table: SignatureTable, config: Config | None = None) -> None:
+        """Use a new signature table (and config: units, per-unit settings) from now on."""
         self.table = table
+        if config is not None:
+            self.config = config
+            self._units = frozenset(u.name for u in config.units)
         self._classifiers.clear()
 
     def feed(self, entries: Iterable[JournalEntry]) -> list[Outcome]:
-        """Track a batch of entries; return the outcome of every invocation that ended."""
+        """Track a batch of entries; return the outcome of every invocation that ended.
+
+        Total by construction (the tracker, classifier and policy never raise on content); as
+        a last guard an entry whose handling raises anyway is logged with its cursor, counted
+        in `skipped_entries` and skipped: journal content never stops supervision.
+        """
         outcomes: list[Outcome] = []
         units = self._units
         feed = self.tracker.feed
         for entry in entries:
             if units and entry.unit not in units:
                 continue
-            for invocation in feed(entry):
+            try:
+                ended = feed(entry)
+            except Exception as exc:
+                self._skipped(entry, exc)
+                continue
+            for invocation in ended:
                 outcomes.append(self.decide(invocation))
         return outcomes
 
+    def _skipped(self, entry: JournalEntry, exc: Exception) -> None:
+        self.skipped_entries += 1
+        log.error(
+            "entry_skipped",
+            cursor=entry.cursor,
+            unit=entry.unit,
+            error=f"{type(exc).__name__}: {exc}",
+            action="this entry was skipped; supervision goes on",
+        )
+
     def flush_due(self, now_us: int) -> list[Outcome]:
-        """Decide the ended invocations whose late-line window has passed by `now_us`."""
+        """Decide the ended invocations whose late-line window has passed by journal time."""
         return [self.decide(inv) for inv in self.tracker.flush_due(now_us)]
+
+    def flush_quiet(self) -> list[Outcome]:
+        """Decide the ended invocations whose late-line window has passed (a quiet journal)."""
+        return [self.decide(inv) for inv in self.tracker.flush_quiet()]
 
     def finish(self) -> list[Outcome]:
         """End every open invocation (the end of a saved journal) and decide about each."""
@@ -70,7 +102,25 @@ class Pipeline:
     def decide(self, invocation: Invocation) -> Outcome:
         """Classify one ended invocation and apply the policy."""
         started = self._clock()
-        verdict = self._classifier(invocation.unit).classify(invocation.lines)
+        try:
+            verdict = self._classifier(invocation.unit).classify_invocation(invocation)
+        except Exception as exc:
+            self.skipped_entries += 1
+            log.error(
+                "classification_failed",
+                unit=invocation.unit,
+                invocation_id=invocation.invocation_id,
+                cursor=invocation.last_cursor,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            verdict = Verdict(
+                signature=None,
+                severity=Severity.UNKNOWN,
+                title="Unclassified crash",
+                root_cause=None,
+                crashed=invocation.failed,
+                notes=(f"classification failed: {type(exc).__name__}",),
+            )
         unit = self.config.unit(invocation.unit) if invocation.unit else None
         decision = self.policy.decide(
             invocation,
@@ -87,6 +137,8 @@ class Pipeline:
         if classifier is None:
             sets = self.config.unit(unit).signature_sets if unit else ()
             table = self.table.subset(sets) if sets else self.table
-            classifier = Classifier(table, max_line_chars=4096)
+            classifier = Classifier(
+                table, max_line_chars=4096, cause_window_s=self.config.tracker.cause_window_s
+            )
             self._classifiers[unit] = classifier
         return classifier

@@ -1,14 +1,23 @@
 """The restart-loop policy: decides halt, allow-restart or observe for each ended invocation.
 
 Rules, in order:
-1. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
-2. A known fatal crash halts: the same crash recurs until a person acts.
-3. A known transient crash is allowed to restart: a restart may work.
-4. An unknown crash is allowed to restart until the same fingerprint has ended K consecutive
-   invocations of the unit, whatever the time between them; then it halts.
+1. A start that never ran the server (skipped by the gate, stopped while the gate ran) is
+   observed; so is an invocation that ended with its host's boot, and one that a stop or
+   restart job ended (a person's `systemctl stop`, whatever exit status the server returned):
+   systemd never restarts what a stop job ended.
+2. systemd giving up (start-limit-hit) is observed and reported.
+3. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
+4. A known fatal crash halts: the same crash recurs until a person acts.
+5. A known transient crash is allowed to restart: a restart may work.
+6. An unknown crash is allowed to restart until the same fingerprint has ended K consecutive
+   invocations of the unit; then it halts (a crash that printed nothing is known by how it
+   ended: exit code, status, result). An invocation that served before it ended starts the
+   count afresh: a crash after serving is a new story.
 
-The policy never halts what a restart would fix, and in dry-run it reports what it would do.
-Its memory (the unknown-crash streak per unit) is plain data so the daemon can persist it.
+The policy decides what *should* happen to a unit whose crash is the present one; whether it
+is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
+reports what it would do. Its memory (the unknown-crash streak per unit) is plain data so the
+daemon can persist it.
 """
 
 from __future__ import annotations
@@ -16,9 +25,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.model import Action, Decision, Invocation, Severity, Verdict
+from supervisor.model import Action, Decision, Ending, Invocation, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
+
+_NOT_A_CRASH = {
+    Ending.SKIPPED: ("skipped", "start skipped by its ExecCondition gate"),
+    Ending.GATE_STOPPED: ("gate_stopped", "stopped while its ExecCondition gate ran"),
+    Ending.BOOT: ("boot", "ended with the boot: the host went down before the unit ended"),
+    Ending.STOPPED: (
+        "operator_stop",
+        "ended by a stop or restart job (a person or a tool), not a crash",
+    ),
+    Ending.OPEN: ("still_running", "still running at the end of the journal"),
+}
 
 
 @dataclass(slots=True)
@@ -31,10 +51,13 @@ class RestartPolicy:
     """Per-unit decisions with a memory of consecutive identical unknown crashes."""
 
     def __init__(self, state: dict[str, dict[str, Any]] | None = None) -> None:
-        self._streaks: dict[str | None, _Streak] = {
-            unit: _Streak(value.get("fingerprint"), int(value.get("count", 0)))
-            for unit, value in (state or {}).items()
-        }
+        self._streaks: dict[str | None, _Streak] = {}
+        for unit, value in (state or {}).items():
+            if isinstance(value, dict):
+                count = value.get("count", 0)
+                self._streaks[unit] = _Streak(
+                    value.get("fingerprint"), count if isinstance(count, int) else 0
+                )
 
     def decide(
         self,
@@ -48,29 +71,41 @@ class RestartPolicy:
         decision = self._decide(invocation, verdict, unknown_repeat_limit)
         if dry_run and decision.action is Action.HALT:
             return Decision(
-                action=Action.HALT, reason=f"dry run, would halt: {decision.reason}", dry_run=True
+                action=Action.HALT,
+                reason=f"dry run, would halt: {decision.reason}",
+                dry_run=True,
+                rule=decision.rule,
             )
         return decision
 
     def _decide(self, invocation: Invocation, verdict: Verdict, limit: int) -> Decision:
         streak = self._streaks.setdefault(invocation.unit, _Streak())
-        if invocation.result == "exec-condition":
-            return Decision(action=Action.OBSERVE, reason="start skipped by its ExecCondition")
+        not_a_crash = _NOT_A_CRASH.get(invocation.ending)
+        if not_a_crash is not None:
+            if invocation.ending in (Ending.STOPPED, Ending.BOOT):
+                streak.fingerprint, streak.count = None, 0  # a person (or a reboot) stepped in
+            return _observe(*not_a_crash)
+        if invocation.ending is Ending.START_LIMIT:
+            return _observe("start_limit", "systemd gave up restarting the unit (start-limit-hit)")
+        if invocation.served:
+            streak.fingerprint, streak.count = None, 0
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
-            return Decision(action=Action.OBSERVE, reason="ended without a crash")
+            return _observe("clean_exit", "ended without a crash")
         if verdict.severity is Severity.FATAL:
             streak.fingerprint, streak.count = None, 0
             return Decision(
                 action=Action.HALT,
                 reason=f"known fatal crash '{verdict.signature}': "
                 "a restart would crash the same way",
+                rule="fatal_signature",
             )
         if verdict.severity is Severity.TRANSIENT:
             streak.fingerprint, streak.count = None, 0
             return Decision(
                 action=Action.ALLOW_RESTART,
                 reason=f"transient crash '{verdict.signature}': a restart may work",
+                rule="transient",
             )
         fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
         if fingerprint == streak.fingerprint:
@@ -82,11 +117,13 @@ class RestartPolicy:
                 action=Action.HALT,
                 reason=f"the same unknown crash (fingerprint {fingerprint}) ended "
                 f"{streak.count} consecutive invocations (limit {limit})",
+                rule="unknown_repeat",
             )
         return Decision(
             action=Action.ALLOW_RESTART,
             reason=f"unknown crash (fingerprint {fingerprint}), {streak.count} of {limit} "
             "consecutive before a halt",
+            rule="unknown_first",
         )
 
     def state(self) -> dict[str, dict[str, Any]]:
@@ -100,6 +137,10 @@ class RestartPolicy:
     def forget(self, unit: str) -> None:
         """Drop a unit's streak (after `release`)."""
         self._streaks.pop(unit, None)
+
+
+def _observe(rule: str, reason: str) -> Decision:
+    return Decision(action=Action.OBSERVE, reason=reason, rule=rule)
 
 
 def _silent_fingerprint(invocation: Invocation) -> str:

@@ -174,13 +174,21 @@ class Store:
             for write in extra:
                 write(db)
 
-    def mark_notified(self, unit: str | None, invocation_id: str | None) -> None:
-        """Record that an invocation's message was delivered."""
+    def add_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
+        """Append `note` to the verdict notes of invocations already recorded (a late fact)."""
         with self.transaction() as db:
-            db.execute(
-                "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
-                (unit, invocation_id),
-            )
+            for invocation_id in invocation_ids:
+                row = db.execute(
+                    "SELECT id, outcome FROM history WHERE unit IS ? AND invocation_id = ?",
+                    (unit, invocation_id),
+                ).fetchone()
+                if row is None:
+                    continue
+                outcome = json.loads(row[1])
+                notes = outcome.setdefault("verdict", {}).setdefault("notes", [])
+                if note not in notes:
+                    notes.append(note)
+                db.execute("UPDATE history SET outcome = ? WHERE id = ?", (_dump(outcome), row[0]))
 
     def history(self, unit: str | None = None) -> list[dict[str, Any]]:
         """Every classified invocation, oldest first: the triage JSON plus time and notified."""

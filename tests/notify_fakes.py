@@ -6,7 +6,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from supervisor.model import Action, Decision, Invocation, LogLine, Outcome, Severity, Verdict
+from supervisor.model import (
+    Action,
+    Decision,
+    Invocation,
+    LogLine,
+    Outcome,
+    Severity,
+    Taken,
+    Verdict,
+)
 from supervisor.notify.outbox import Outbox
 
 T0 = 1_800_000_000.0
@@ -26,8 +35,10 @@ def make_outcome(
     restarts: int | None = 3,
     ended_s: float = T0,
     exit_status: int = 1,
+    taken: Taken | None = None,
 ) -> Outcome:
-    """A crashed invocation with its verdict and decision."""
+    """A crashed invocation with its verdict, decision and what was done (by default, what
+    the decision says when carried out)."""
     invocation = Invocation(
         unit=unit,
         invocation_id=invocation_id,
@@ -50,10 +61,17 @@ def make_outcome(
         fingerprint=None if signature else "fp-1234abcd",
         crashed=bool(exit_status),
     )
+    if taken is None:
+        taken = {
+            Action.HALT: Taken.WOULD_HALT if dry_run else Taken.HALTED,
+            Action.ALLOW_RESTART: Taken.RESTARTING,
+            Action.OBSERVE: Taken.OBSERVED,
+        }[action]
     return Outcome(
         invocation=invocation,
         verdict=verdict,
         decision=Decision(action=action, reason="fatal signature", dry_run=dry_run),
+        taken=taken,
     )
 
 

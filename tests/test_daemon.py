@@ -9,12 +9,14 @@ from pathlib import Path
 
 from conftest import poll
 
-from supervisor.app import load_table, quarantine_dir
+from supervisor.actions.actor import Actor
+from supervisor.actions.halt import Halter
+from supervisor.app import quarantine_dir
 from supervisor.config import Config
 from supervisor.daemon import Daemon
 from supervisor.demo import DEMO_UNIT, demo_config, seed_lines
-from supervisor.halt import Halter
 from supervisor.journal.writer import JournalWriter, crashed_invocation
+from supervisor.loader import load_table
 from supervisor.metrics import Metrics, new_registry
 from supervisor.quarantine import Quarantine
 from supervisor.store import Store
@@ -30,12 +32,13 @@ async def _run_until(config: Config, writer: JournalWriter, history_len: int) ->
     """Run a fresh daemon until the history holds `history_len` invocations, then stop it."""
     store = Store.in_directory(config.state.state_dir)
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+    metrics = Metrics(new_registry(process=False))
     daemon = Daemon(
         config,
         load_table(config),
         store=store,
-        metrics=Metrics(new_registry(process=False)),
-        halter=halter,
+        metrics=metrics,
+        actor=Actor(halter, None, metrics),
     )
     stop = asyncio.Event()
     task = asyncio.create_task(daemon.run(stop))

@@ -12,12 +12,12 @@ from types import MappingProxyType
 import pytest
 from conftest import poll
 
-from supervisor.app import load_table
 from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
 from supervisor.daemon import Daemon
 from supervisor.demo import demo_config
 from supervisor.drift import DriftRecorder
 from supervisor.environment import EnvironmentLog, EnvSnapshot
+from supervisor.loader import load_table
 from supervisor.metrics import Metrics, new_registry
 from supervisor.model import JournalEntry, LifecycleEvent, Outcome
 from supervisor.notify.slack import build_payload
@@ -210,10 +210,8 @@ class TestSlackDrift:
             [journal.line("d" * 32, FATAL), *journal.ended("d" * 32, 1)]
         )
         outcome = dataclasses.replace(outcome, drift=("torch 2.5.1 → 2.6.0",))
-        payload = build_payload(outcome, host="gpu1", action_taken="halted")
+        payload = build_payload(outcome, host="gpu1")
         assert "Changed since the last good start: torch 2.5.1 → 2.6.0" in payload["text"]
         assert any("torch 2.5.1 → 2.6.0" in str(b) for b in payload["blocks"])
-        plain = build_payload(
-            dataclasses.replace(outcome, drift=()), host="gpu1", action_taken="halted"
-        )
+        plain = build_payload(dataclasses.replace(outcome, drift=()), host="gpu1")
         assert "Changed since" not in str(plain)

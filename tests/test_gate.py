@@ -18,13 +18,17 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 
 def gate(unit: str, dirs: tuple[Path, Path]) -> tuple[int, str]:
     out = io.StringIO()
-    return gate_main(unit, *dirs, out=out, defaults=()), out.getvalue()
+    return gate_main(unit, *dirs, wait_s=1.0, out=out, defaults=()), out.getvalue()
 
 
 class TestGate:
     def test_free_unit_may_start(self, dirs: tuple[Path, Path]) -> None:
-        """With no record anywhere the gate exits 0 and says nothing."""
-        assert gate("vllm.service", dirs) == (EXIT_ALLOW, "")
+        """With no record anywhere and no daemon the gate exits 0 and says, in one line, that
+        nothing supervises the start."""
+        code, text = gate("vllm.service", dirs)
+        assert code == EXIT_ALLOW
+        assert text.count("\n") == 1
+        assert "start allowed: no supervisor is running" in text
 
     @pytest.mark.parametrize("where", [0, 1])  # runtime dir, persistent state dir
     def test_quarantined_unit_is_refused(self, dirs: tuple[Path, Path], where: int) -> None:

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.app import load_table, quarantine_dir
+from supervisor.actions.actor import Actor
+from supervisor.actions.halt import Halter
+from supervisor.app import quarantine_dir
 from supervisor.config import Config, UnitConfig, validate
 from supervisor.daemon import Daemon
 from supervisor.demo import demo_config
 from supervisor.errors import ConfigError
-from supervisor.halt import Halter
 from supervisor.hang import HangDetector, HangWatcher, install
 from supervisor.journal.writer import JournalWriter, lifecycle, service_lines
+from supervisor.loader import load_table
 from supervisor.metrics import Metrics, new_registry
 from supervisor.model import JournalEntry, LifecycleEvent
 from supervisor.quarantine import Quarantine
@@ -154,11 +156,21 @@ class TestHealthUrlConfig:
 
 
 class FakeSystemd:
-    """Reports a fixed ActiveState and counts the calls."""
+    """Reports a fixed ActiveState, counts the calls and records restarts and stops."""
 
     def __init__(self, active_state: str) -> None:
         self.active_state = active_state
         self.calls = 0
+        self.restarted: list[str] = []
+        self.stopped: list[str] = []
+
+    async def restart_unit(self, unit: str) -> str:
+        self.restarted.append(unit)
+        return "/job/1"
+
+    async def stop_unit(self, unit: str) -> str:
+        self.stopped.append(unit)
+        return "/job/2"
 
     async def unit_state(self, unit: str) -> UnitState:
         self.calls += 1
@@ -170,17 +182,6 @@ class FakeSystemd:
             invocation_id=INV,
             main_pid=1,
         )
-
-
-class FakeRestarter:
-    """Records restarts."""
-
-    def __init__(self) -> None:
-        self.units: list[str] = []
-
-    async def restart(self, unit: str) -> str:
-        self.units.append(unit)
-        return "/job/1"
 
 
 def _config(root: Path, **unit: object) -> Config:
@@ -199,14 +200,20 @@ def _store(tmp_path: Path) -> Iterator[Store]:
     store.close()
 
 
-def _daemon(config: Config, store: Store) -> Daemon:
-    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+def _daemon(config: Config, store: Store, systemd: FakeSystemd | None = None) -> Daemon:
+    halter = Halter(
+        Quarantine(quarantine_dir(config)),
+        systemd,  # type: ignore[arg-type]
+        attempts=1,
+        timeout_s=1,
+    )
+    metrics = Metrics(new_registry(process=False))
     return Daemon(
         config,
         load_table(config),
         store=store,
-        metrics=Metrics(new_registry(process=False)),
-        halter=halter,
+        metrics=metrics,
+        actor=Actor(halter, systemd, metrics),
     )
 
 
@@ -233,24 +240,22 @@ class TestHangWatcher:
     ) -> None:
         """A due unit is handled only when systemd says active and the health URL fails."""
         config = _config(tmp_path, health_url="http://127.0.0.1:1/health")
-        daemon = _daemon(config, store)
+        systemd = FakeSystemd(active_state)
+        daemon = _daemon(config, store, systemd)
         clock = Clock()
-        systemd, restarter = FakeSystemd(active_state), FakeRestarter()
 
         async def health(url: str) -> bool:
             return not healthy
 
-        watcher = HangWatcher(
-            daemon, systemd=systemd, restarter=restarter, health=health, clock=clock
-        )
+        watcher = HangWatcher(daemon, systemd=systemd, health=health, clock=clock)
         daemon.hooks.append(watcher)
         await daemon.handle_batch([line("INFO starting"), line(DEAD)])
         clock.now += 1
         assert watcher.detector.due(clock.now) == [UNIT]
         outcome = await watcher.check(UNIT)
         assert (outcome is not None) == hung
-        assert systemd.calls == 1
-        assert restarter.units == ([UNIT] if restarted else [])
+        assert systemd.calls == (2 if hung else 1)  # the watcher's check, then the actor's
+        assert systemd.restarted == ([UNIT] if restarted else [])
         assert [h["hung"] for h in store.history()] == ([True] if hung else [])
         assert watcher.detector.due(clock.now + 100) == []
 
@@ -261,7 +266,7 @@ class TestHangWatcher:
         config = _config(tmp_path)
         daemon = _daemon(config, store)
         clock = Clock()
-        watcher = HangWatcher(daemon, systemd=None, restarter=None, clock=clock)
+        watcher = HangWatcher(daemon, systemd=None, clock=clock)
         daemon.hooks.append(watcher)
         await daemon.handle_batch([line("INFO starting"), line(DEAD)])
         clock.now += 1
@@ -293,7 +298,7 @@ async def test_daemon_records_a_hung_engine_on_a_real_journal(tmp_path: Path, st
     port = server.sockets[0].getsockname()[1]
     config = _config(tmp_path, health_url=f"http://127.0.0.1:{port}/health", hang_grace_s=1.0)
     daemon = _daemon(config, store)
-    install(daemon, systemd=None, restarter=None)
+    install(daemon, systemd=None)
     inv = uuid.uuid4().hex
     entries = [
         lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.", JOB_RESULT="done"),

@@ -9,24 +9,33 @@ import pytest
 
 from supervisor.config import TrackerConfig
 from supervisor.lifecycle import InvocationTracker
-from supervisor.model import Invocation, JournalEntry, LifecycleEvent
+from supervisor.model import Ending, Invocation, JournalEntry, LifecycleEvent
 
 UNIT = "vllm.service"
 _cursors: Iterator[int] = itertools.count()
 
 
-def line(text: str, inv: str = "A", pid: int = 10, unit: str = UNIT) -> JournalEntry:
-    n = next(_cursors)
-    return JournalEntry(
-        cursor=f"c{n}", realtime_us=n, message=text, unit=unit, invocation_id=inv, pid=pid
-    )
-
-
-def event(kind: LifecycleEvent, inv: str = "A", unit: str = UNIT, **fields: str) -> JournalEntry:
+def line(
+    text: str, inv: str = "A", pid: int = 10, unit: str = UNIT, at_us: int | None = None
+) -> JournalEntry:
     n = next(_cursors)
     return JournalEntry(
         cursor=f"c{n}",
-        realtime_us=n,
+        realtime_us=n if at_us is None else at_us,
+        message=text,
+        unit=unit,
+        invocation_id=inv,
+        pid=pid,
+    )
+
+
+def event(
+    kind: LifecycleEvent, inv: str = "A", unit: str = UNIT, at_us: int | None = None, **fields: str
+) -> JournalEntry:
+    n = next(_cursors)
+    return JournalEntry(
+        cursor=f"c{n}",
+        realtime_us=n if at_us is None else at_us,
         message=kind.name,
         unit=unit,
         invocation_id=inv,
@@ -84,7 +93,9 @@ class TestEnds:
             InvocationTracker(),
             [event(LifecycleEvent.CONDITION_SKIPPED, UNIT_RESULT="exec-condition")],
         )
-        assert [(i.result, i.failed) for i in ended] == [("exec-condition", True)]
+        assert [(i.result, i.ending, i.failed) for i in ended] == [
+            ("exec-condition", Ending.SKIPPED, False)
+        ]
 
     def test_restart_counter_is_carried_to_the_next_invocation(self) -> None:
         """The invocation after 'restart counter is at 3' knows it is the third restart."""
@@ -195,12 +206,15 @@ class TestLateLines:
         (inv,) = tracker.flush_due(failed.realtime_us + 1_000_000)
         assert [x.text for x in inv.lines] == ["a", "RuntimeError: the real cause"]
 
-    def test_next_start_decides_the_ended_invocation_at_once(self) -> None:
-        """A new invocation of the unit ends the wait for the previous one's late lines."""
-        tracker = InvocationTracker(TrackerConfig(settle_s=60.0))
-        tracker.feed(line("a", inv="A"))
-        tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A"))
-        assert [i.invocation_id for i in tracker.feed(line("b", inv="B"))] == ["A"]
+    def test_next_start_cuts_the_wait_for_late_lines(self) -> None:
+        """A new invocation of the unit shortens the wait for the previous one's late lines to
+        settle_after_start_s (its processes are gone; the new start's gate is waiting)."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=60.0, settle_after_start_s=0.1))
+        tracker.feed(line("a", inv="A", at_us=1_000_000))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A", at_us=1_000_001))
+        assert tracker.feed(line("b", inv="B", at_us=1_000_002)) == []
+        assert tracker.feed(line("c", inv="B", at_us=1_050_000)) == []
+        assert [i.invocation_id for i in tracker.feed(line("d", inv="B", at_us=1_200_000))] == ["A"]
 
     def test_zero_settle_decides_on_the_failed_message(self) -> None:
         """With no settle window the invocation ends on PID 1's message itself."""

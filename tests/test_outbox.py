@@ -60,7 +60,7 @@ class Harness:
 
     def commit(self, *outcomes: Outcome, cursor: str = "c") -> None:
         """Commit one batch with the outcomes and their queued messages."""
-        writers = [self.outbox.writer_for(o, action_taken="halted") for o in outcomes]
+        writers = [self.outbox.writer_for(o) for o in outcomes]
         self.store.commit_batch(
             checkpoint=Checkpoint(cursor=cursor), outcomes=outcomes, extra=writers
         )
@@ -113,7 +113,7 @@ class TestQueueing:
             h.store.commit_batch(
                 checkpoint=Checkpoint(cursor="c"),
                 outcomes=[outcome],
-                extra=[h.outbox.writer_for(outcome, action_taken="halted"), broken],
+                extra=[h.outbox.writer_for(outcome), broken],
             )
         assert h.outbox.depth() == 0
         h.commit(outcome)  # the replay queues it
@@ -141,7 +141,7 @@ class TestQueueing:
         metrics = Metrics(new_registry(process=False))
         outbox = Outbox(store, None, metrics, SlackConfig(), host="h")
         outcome = make_outcome()
-        writer = outbox.writer_for(outcome, action_taken="halted")
+        writer = outbox.writer_for(outcome)
         store.commit_batch(checkpoint=Checkpoint(), outcomes=[outcome], extra=[writer])
         assert outbox.depth() == 0
         assert outbox.health() == (True, {"slack": "off", "reasons": []})

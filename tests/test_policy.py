@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.model import Action, Invocation, Severity, Verdict
+from supervisor.model import Action, Ending, Invocation, Severity, Verdict
 from supervisor.policy import RestartPolicy
 
 CRASHED = Invocation(
@@ -23,7 +23,13 @@ CLEAN = Invocation(
     exit_status=0,
     result="success",
 )
-SKIPPED = Invocation(unit="vllm.service", invocation_id="i", lines=(), result="exec-condition")
+SKIPPED = Invocation(
+    unit="vllm.service",
+    invocation_id="i",
+    lines=(),
+    result="exec-condition",
+    ending=Ending.SKIPPED,
+)
 
 
 def verdict(

@@ -96,7 +96,7 @@ def _daemon(
     config = tmp_path / "supervisor.toml"
     config.write_text(
         f'[[unit]]\nname = "{DEMO_UNIT}"\n\n[journal]\nstart_at = "head"\n\n'
-        "[systemd]\nenabled = false\nwatchdog = false\n",
+        "[systemd]\nenabled = false\n",
         encoding="utf-8",
     )
     port = _free_port()

@@ -16,18 +16,16 @@ from slack_server import SECRET, Reply, SlackServer
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import NotifyError
 from supervisor.metrics import Metrics, new_registry
-from supervisor.model import Action, Decision, Severity
+from supervisor.model import Action, Severity, Taken
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import (
     FIELD_LIMIT,
     HEADER_LIMIT,
     SECTION_LIMIT,
     TRUNCATED,
-    ActionTaken,
     Group,
     SlackRateLimited,
     SlackWebhook,
-    action_taken_for,
     build_payload,
 )
 from supervisor.store import Checkpoint, Store
@@ -57,7 +55,7 @@ class TestPayload:
 
     def test_shape_of_a_halt(self) -> None:
         """A halt names host, unit, title, cause, crash site, remediation, restarts, release."""
-        payload = build_payload(make_outcome(), host="gpu-7", action_taken="halted")
+        payload = build_payload(make_outcome(), host="gpu-7")
         kinds = [b["type"] for b in payload["blocks"]]
         assert kinds[0] == "header"
         assert set(kinds) <= {"header", "section", "context"}
@@ -78,38 +76,27 @@ class TestPayload:
     def test_crash_site_only_when_it_differs(self) -> None:
         """A crash site already contained in the root-cause line is not repeated."""
         outcome = make_outcome(root_cause="boom in deepseek_v2.py, line 998, in __init__")
-        payload = build_payload(outcome, host="h", action_taken="halted")
+        payload = build_payload(outcome, host="h")
         assert not any("*Crash site*" in t for t in _texts(payload))
 
-    def test_dry_run_says_would_halt(self) -> None:
-        """In dry-run the action reads "would halt" and offers no release command."""
-        outcome = make_outcome(dry_run=True)
-        action = action_taken_for(outcome.decision)
-        payload = build_payload(outcome, host="h", action_taken=action)
-        assert action == ActionTaken.DRY_RUN
-        assert any("Would halt (dry run)" in t for t in _texts(payload))
+    def test_dry_run_says_no_action(self) -> None:
+        """In dry-run the action says nothing was done and offers no release command."""
+        payload = build_payload(make_outcome(dry_run=True), host="h")
+        assert any("Dry run: no action taken" in t for t in _texts(payload))
         assert "release" not in json.dumps(payload)
 
-    def test_action_taken_for_each_decision(self) -> None:
-        """Each decision maps to the action the message reports."""
-        assert action_taken_for(Decision(action=Action.HALT, reason="r")) == ActionTaken.HALTED
-        assert (
-            action_taken_for(Decision(action=Action.ALLOW_RESTART, reason="r"))
-            == ActionTaken.RESTARTING
-        )
-        assert action_taken_for(Decision(action=Action.OBSERVE, reason="r")) == ActionTaken.OBSERVED
-
-    def test_unknown_action_wording_falls_back_to_the_decision(self) -> None:
-        """Free wording such as "would halt (dry run)" is read from the decision, never raises."""
-        outcome = make_outcome(dry_run=True)
-        payload = build_payload(outcome, host="h", action_taken="would halt (dry run)")
-        assert any("Would halt (dry run)" in t for t in _texts(payload))
+    def test_each_thing_done_has_its_line(self) -> None:
+        """Every Taken renders its own action line, and only a halt offers the release."""
+        for taken in Taken:
+            payload = build_payload(make_outcome(taken=taken), host="h")
+            offers_release = "vllm-supervisor release" in payload["text"]
+            assert offers_release == (taken in (Taken.HALTED, Taken.QUARANTINED)), taken
 
     def test_group_count_per_interval(self) -> None:
         """A group of transient crashes shows its count and interval."""
         outcome = make_outcome(severity=Severity.TRANSIENT, action=Action.ALLOW_RESTART)
         group = Group(count=4, first=0.0, last=540.0, interval_s=600.0)
-        payload = build_payload(outcome, host="h", action_taken="restarting", group=group)
+        payload = build_payload(outcome, host="h", group=group)
         assert "4 crashes of this kind between 00:00 and 00:09 UTC (grouped per 10 min)" in (
             "\n".join(_texts(payload))
         )
@@ -121,7 +108,7 @@ class TestPayload:
             crash_site="<!here>",
             remediation="run `x > y`",
         )
-        payload = build_payload(outcome, host="<!everyone>", action_taken="halted")
+        payload = build_payload(outcome, host="<!everyone>")
         dumped = json.dumps(payload)
         assert "<!" not in dumped
         assert "<@" not in dumped
@@ -133,7 +120,7 @@ class TestPayload:
         """Huge lines are cut with a marker so each block stays within Slack's limits."""
         huge = "x&" * 5000
         outcome = make_outcome(root_cause=huge, crash_site="y" * 9000, remediation="z" * 9000)
-        payload = build_payload(outcome, host="h" * 3000, action_taken="halted")
+        payload = build_payload(outcome, host="h" * 3000)
         for block in payload["blocks"]:
             if block["type"] == "header":
                 assert len(block["text"]["text"]) <= HEADER_LIMIT
@@ -150,7 +137,7 @@ class TestPayload:
     def test_unknown_crash_shows_fingerprint(self) -> None:
         """A crash no signature knows is reported with its fingerprint."""
         outcome = make_outcome(signature=None, severity=Severity.UNKNOWN)
-        assert "fp-1234abcd" in json.dumps(build_payload(outcome, host="h", action_taken="halted"))
+        assert "fp-1234abcd" in json.dumps(build_payload(outcome, host="h"))
 
 
 class TestWebhook:
@@ -259,7 +246,7 @@ def _queue(store: Store, outbox: Outbox, outcome=None, cursor: str = "c1") -> No
     store.commit_batch(
         checkpoint=Checkpoint(cursor=cursor),
         outcomes=[outcome],
-        extra=[outbox.writer_for(outcome, action_taken=action_taken_for(outcome.decision))],
+        extra=[outbox.writer_for(outcome)],
     )
 
 

@@ -9,6 +9,7 @@ method annotations at class creation.
 # ruff: noqa: F821 - the string annotations are D-Bus signatures, not Python names.
 
 import asyncio
+import dataclasses
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -19,9 +20,12 @@ from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
 
+from supervisor.actions.actor import Actor
+from supervisor.actions.halt import Halter
+from supervisor.actions.presence import Here
 from supervisor.errors import SystemdError
-from supervisor.halt import Halter
-from supervisor.model import Action, Decision, Invocation, Outcome, Severity, Verdict
+from supervisor.metrics import Metrics, new_registry
+from supervisor.model import Action, Decision, Invocation, Outcome, Severity, Taken, Verdict
 from supervisor.quarantine import Quarantine
 from supervisor.systemd import SystemdClient, UnitState
 
@@ -225,9 +229,12 @@ class TestCalls:
         assert fake_systemd[0].stops == ["vllm.service"]
 
 
-def outcome(unit: str | None = "vllm.service") -> Outcome:
+FAKE_INVOCATION = "0123456789abcdef0123456789abcdef"  # the fake unit's InvocationID
+
+
+def outcome(unit: str | None = "vllm.service", invocation_id: str = "abc") -> Outcome:
     return Outcome(
-        invocation=Invocation(unit=unit, invocation_id="abc", lines=(), exit_status=1),
+        invocation=Invocation(unit=unit, invocation_id=invocation_id, lines=(), exit_status=1),
         verdict=Verdict(
             signature="flashinfer_cubin_mismatch",
             severity=Severity.FATAL,
@@ -251,7 +258,9 @@ class TestHalter:
     ) -> None:
         """A unit waiting to restart is quarantined and stopped."""
         q = Quarantine(tmp_path / "q")
-        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=False)
+        result = await Halter(q, client, attempts=3, timeout_s=1).halt(
+            "vllm.service", outcome(), stop=True
+        )
         assert result.stopped
         assert result.error is None
         assert result.stop_job == "/org/freedesktop/systemd1/job/42"
@@ -269,7 +278,9 @@ class TestHalter:
         """A unit already down is only quarantined (idempotent halt)."""
         fake_systemd[1].active, fake_systemd[1].sub = "failed", "failed"
         q = Quarantine(tmp_path / "q")
-        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=False)
+        result = await Halter(q, client, attempts=3, timeout_s=1).halt(
+            "vllm.service", outcome(), stop=True
+        )
         assert result.stopped
         assert result.stop_job is None
         assert fake_systemd[0].stops == []
@@ -281,12 +292,19 @@ class TestHalter:
         fake_systemd: tuple[FakeManager, FakeUnit],
     ) -> None:
         """A dry run writes no record, stops nothing and says what it would have done."""
+        fake_systemd[1].sub = "auto-restart"
         q = Quarantine(tmp_path / "q")
-        result = await Halter(q, client, attempts=3, timeout_s=1).halt(outcome(), dry_run=True)
-        assert result.dry_run
-        assert not result.stopped
-        assert result.quarantined is None
-        assert "would quarantine vllm.service" in result.detail
+        actor = Actor(
+            Halter(q, client, attempts=3, timeout_s=1), client, Metrics(new_registry(process=False))
+        )
+        dry = dataclasses.replace(
+            outcome(invocation_id=FAKE_INVOCATION),
+            decision=Decision(action=Action.HALT, reason="known fatal crash", dry_run=True),
+        )
+        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
+        recorded = await actor.carry_out(dry, here)
+        assert recorded.taken is Taken.WOULD_HALT
+        assert "would quarantine vllm.service" in recorded.taken_detail
         assert q.list() == {}
         assert fake_systemd[0].stops == []
 
@@ -295,7 +313,7 @@ class TestHalter:
         q = Quarantine(tmp_path / "q")
         dead = SystemdClient(bus_address=f"unix:path={tmp_path}/nope", timeout_s=0.5)
         halter = Halter(q, dead, attempts=3, timeout_s=1, sleep=no_sleep)
-        result = await halter.halt(outcome(), dry_run=False)
+        result = await halter.halt("vllm.service", outcome(), stop=True)
         assert not result.stopped
         assert result.quarantined == q.path("vllm.service")
         assert result.error is not None

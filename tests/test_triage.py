@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.app import load_table
 from supervisor.config import Config
 from supervisor.demo import seed_lines, write_demo_journal
+from supervisor.loader import load_table
 from supervisor.triage import collect, sniff
 
 ROOT_CAUSE = "flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"

@@ -107,7 +107,9 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     Units are matched as journalctl --unit matches them when reading once, and on the entries'
     unit fields when following (as `_about` does), for the reason `_about` gives.
     """
-    argv = [sys.executable, "-m", "supervisor.journal.native_child", "--lines"]
+    # -P: the child imports the installed package, never a `supervisor/` in the working
+    # directory (a checkout, or PyPI's supervisord package: vLLM pulls it in).
+    argv = [sys.executable, "-P", "-m", "supervisor.journal.native_child", "--lines"]
     argv += [f"--field={name.decode()}" for name in OUTPUT_FIELDS]
     # The parser cuts a message to max_line_chars * 4 bytes; libsystemd need not inflate more.
     argv.append(f"--data-threshold={settings.max_line_chars * 4 + 64}")
@@ -184,6 +186,7 @@ class JournalctlReader:
         self._on_invalid = on_invalid or (lambda count: None)
         self._on_gap = on_gap or (lambda: None)
         self._process: asyncio.subprocess.Process | None = None
+        self._refilter = False  # follow_units() asked for a restart of the child
 
     async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
         """Entries in journal order, in batches; ends at EOF when not following, or on `stop`."""
@@ -197,6 +200,10 @@ class JournalctlReader:
                 yield batch
             if stop.is_set() or not self.settings.follow:
                 return
+            if self._refilter:
+                self._refilter = False
+                log.info("journal_reader_refiltered", units=list(self.settings.units))
+                continue
             self.following.clear()
             self._on_following(False)
             self.restarts += 1
@@ -348,6 +355,17 @@ class JournalctlReader:
                 self.settings = dataclasses.replace(self.settings, start_at=start_at)
         if not self.settings.follow:
             raise JournalError(f"journalctl failed: {message}")
+
+    def follow_units(self, units: tuple[str, ...]) -> None:
+        """Follow another set of units from the next entry on (a reloaded config).
+
+        The child is restarted from the cursor at once, without the backoff of a failure.
+        """
+        self.settings = dataclasses.replace(self.settings, units=units)
+        self._refilter = True
+        if self._process is not None and self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.terminate()
 
     async def aclose(self) -> None:
         """Stop the child if one runs."""

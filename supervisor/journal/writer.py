@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import time
@@ -46,27 +47,60 @@ def _printable(raw: bytes) -> bool:
     return all(b >= 0x20 or b == 0x09 for b in raw)
 
 
+def local_machine_id() -> str:
+    """This machine's id (/etc/machine-id), as journald writes it into _MACHINE_ID."""
+    try:
+        return Path("/etc/machine-id").read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
+
+
+def local_boot_id() -> str:
+    """The running kernel's boot id, as journald writes it into _BOOT_ID (no dashes)."""
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii")
+    except OSError:
+        return ""
+    return text.strip().replace("-", "")
+
+
 @dataclass(slots=True)
 class EntryFactory:
-    """Adds the trusted fields journald would add: cursor, timestamps, boot id."""
+    """Adds the trusted fields journald would add: cursor, timestamps, boot, machine, host.
 
-    boot_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    By default the entries are this machine's, of the running boot, as journald would write
+    them here; a test of another host or an earlier boot names its own. An entry's fields may
+    override any of them (e.g. `_BOOT_ID` of an earlier boot).
+    """
+
+    boot_id: str = field(default_factory=local_boot_id)
+    machine_id: str = field(default_factory=local_machine_id)
+    hostname: str = field(default_factory=socket.gethostname)
     seqnum_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     clock_us: int = field(default_factory=lambda: int(time.time() * 1e6))
     seqnum: int = 0
 
     def entry(self, fields: Mapping[str, FieldValue], *, now_us: int | None = None) -> bytes:
-        """Export bytes for one entry with journald's trusted fields filled in."""
+        """Export bytes for one entry with journald's trusted fields filled in.
+
+        `now_us` (or the entry's own `__REALTIME_TIMESTAMP`) moves the clock forward; it never
+        goes back, as journald's does not within one file.
+        """
         self.seqnum += 1
-        self.clock_us = max(self.clock_us + 1, now_us or 0)
+        stamp = fields.get("__REALTIME_TIMESTAMP")
+        wanted = now_us if now_us is not None else int(stamp) if stamp is not None else 0
+        self.clock_us = max(self.clock_us + 1, wanted)
+        boot = str(fields.get("_BOOT_ID", self.boot_id))
         head: dict[str, FieldValue] = {
-            "__CURSOR": f"s={self.seqnum_id};i={self.seqnum:x};b={self.boot_id};"
+            "__CURSOR": f"s={self.seqnum_id};i={self.seqnum:x};b={boot};"
             f"m={self.seqnum:x};t={self.clock_us:x};x=0",
             "__REALTIME_TIMESTAMP": self.clock_us,
             "__MONOTONIC_TIMESTAMP": self.seqnum,
-            "_BOOT_ID": self.boot_id,
+            "_BOOT_ID": boot,
+            "_MACHINE_ID": self.machine_id,
+            "_HOSTNAME": self.hostname,
         }
-        return export_entry({**head, **fields})
+        return export_entry({**head, **{k: v for k, v in fields.items() if k not in head}})
 
 
 class JournalWriter:
@@ -200,6 +234,7 @@ def lifecycle(
     """One of PID 1's messages about a unit, as systemd 252 writes it."""
     return {
         "_PID": 1,
+        "_UID": 0,
         "_SYSTEMD_UNIT": "init.scope",
         "SYSLOG_IDENTIFIER": "systemd",
         "_TRANSPORT": "journal",
@@ -207,11 +242,78 @@ def lifecycle(
         "UNIT": unit,
         "INVOCATION_ID": invocation_id,
         "MESSAGE_ID": event.value,
-        "MESSAGE": f"{unit}: {message}"
-        if not message.startswith(("Started", "Stopped"))
-        else message,
+        "MESSAGE": message if message.startswith(_BARE_MESSAGES) else f"{unit}: {message}",
         **fields,
     }
+
+
+# PID 1 writes these without the "unit: " prefix (systemd 252).
+_BARE_MESSAGES = ("Started", "Stopped", "Starting", "Stopping")
+
+
+def start_entries(unit: str, invocation_id: str) -> list[dict[str, FieldValue]]:
+    """A start job as systemd 252 logs it: "Starting U..." then "Started U." (new id on both)."""
+    return [
+        lifecycle(unit, invocation_id, LifecycleEvent.STARTING, f"Starting {unit}...",
+                  JOB_TYPE="start"),
+        lifecycle(unit, invocation_id, LifecycleEvent.JOB_STARTED, f"Started {unit}.",
+                  JOB_TYPE="start", JOB_RESULT="done"),
+    ]  # fmt: skip
+
+
+def exit_entries(
+    unit: str, invocation_id: str, exit_status: int, *, signal_name: str = "TERM"
+) -> list[dict[str, FieldValue]]:
+    """The main process's exit and the unit's end, as systemd 252 logs them.
+
+    Status 0 ends "Deactivated successfully"; a status of 128 or more is a kill by that signal
+    (EXIT_STATUS is then the signal number); anything else "Failed with result 'exit-code'".
+    """
+    if exit_status >= 128:
+        number = exit_status - 128
+        exited = lifecycle(
+            unit, invocation_id, LifecycleEvent.PROCESS_EXITED,
+            f"Main process exited, code=killed, status={number}/{signal_name}",
+            EXIT_CODE="killed", EXIT_STATUS=number, COMMAND="ExecStart",
+        )  # fmt: skip
+        result = "signal"
+    else:
+        status = "SUCCESS" if exit_status == 0 else "FAILURE"
+        exited = lifecycle(
+            unit, invocation_id, LifecycleEvent.PROCESS_EXITED,
+            f"Main process exited, code=exited, status={exit_status}/{status}",
+            EXIT_CODE="exited", EXIT_STATUS=exit_status, COMMAND="ExecStart",
+        )  # fmt: skip
+        result = "exit-code"
+    if exit_status == 0:
+        end = lifecycle(
+            unit, invocation_id, LifecycleEvent.DEACTIVATED, "Deactivated successfully."
+        )
+    else:
+        end = lifecycle(
+            unit, invocation_id, LifecycleEvent.UNIT_FAILED,
+            f"Failed with result '{result}'.", UNIT_RESULT=result,
+        )  # fmt: skip
+    return [exited, end]
+
+
+def restart_entries(unit: str, invocation_id: str, restarts: int) -> list[dict[str, FieldValue]]:
+    """systemd scheduling the automatic restart of an ended invocation (after RestartSec=)."""
+    return [
+        lifecycle(unit, invocation_id, LifecycleEvent.RESTART_SCHEDULED,
+                  f"Scheduled restart job, restart counter is at {restarts}.",
+                  N_RESTARTS=restarts),
+        lifecycle(unit, invocation_id, LifecycleEvent.JOB_STOPPED, f"Stopped {unit}.",
+                  JOB_TYPE="restart", JOB_RESULT="done"),
+    ]  # fmt: skip
+
+
+def stop_job_entries(unit: str, invocation_id: str) -> list[dict[str, FieldValue]]:
+    """The start of a stop job on a running unit (`systemctl stop` or `restart`)."""
+    return [
+        lifecycle(unit, invocation_id, LifecycleEvent.STOPPING, f"Stopping {unit}...",
+                  JOB_TYPE="stop"),
+    ]  # fmt: skip
 
 
 def crashed_invocation(
@@ -223,40 +325,15 @@ def crashed_invocation(
     invocation_id: str | None = None,
     pid: int = 4242,
 ) -> list[dict[str, FieldValue]]:
-    """A whole invocation that crashes: start, its lines, exit, failure, restart scheduled."""
+    """A whole invocation that crashes, as systemd 252 logs it under `Restart=always`.
+
+    "Starting", "Started", its lines, the exit and the failure, then (with `restarts`) the
+    restart scheduled with that counter and the restart job's "Stopped".
+    """
     inv = invocation_id or uuid.uuid4().hex
-    entries: list[dict[str, FieldValue]] = [
-        lifecycle(unit, inv, LifecycleEvent.JOB_STARTED, f"Started {unit}.", JOB_RESULT="done")
-    ]
+    entries = start_entries(unit, inv)
     entries += service_lines(unit, inv, lines, pid=pid)
-    code = "exited" if exit_status < 128 else "killed"
-    entries.append(
-        lifecycle(
-            unit,
-            inv,
-            LifecycleEvent.PROCESS_EXITED,
-            f"Main process exited, code={code}, status={exit_status}/FAILURE",
-            EXIT_CODE=code,
-            EXIT_STATUS=exit_status,
-        )
-    )
-    entries.append(
-        lifecycle(
-            unit,
-            inv,
-            LifecycleEvent.UNIT_FAILED,
-            "Failed with result 'exit-code'.",
-            UNIT_RESULT="exit-code",
-        )
-    )
+    entries += exit_entries(unit, inv, exit_status)
     if restarts is not None:
-        entries.append(
-            lifecycle(
-                unit,
-                inv,
-                LifecycleEvent.RESTART_SCHEDULED,
-                f"Scheduled restart job, restart counter is at {restarts}.",
-                N_RESTARTS=restarts,
-            )
-        )
+        entries += restart_entries(unit, inv, restarts)
     return entries

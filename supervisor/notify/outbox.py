@@ -54,8 +54,8 @@ from supervisor.notify.slack import (
     SlackRateLimited,
     SlackWebhook,
     build_payload,
-    coerce_action_taken,
-    is_groupable,
+    group_key,
+    is_backlog,
     is_notable,
 )
 from supervisor.store import Store, Writer
@@ -92,6 +92,9 @@ STATE_RETRY_S = 5.0  # wait after a state database error before trying again
 MAX_TIMEOUT_GROWTH = 4  # an attempt after ambiguous timeouts waits up to 4 x timeout_s
 UNREACHABLE = frozenset({"connect", "tls"})  # the request never reached Slack
 MAX_HEALTHY_DEPTH = 100
+# The first message about crashes read late waits this long, so a backlog read at start-up (30
+# crashes while the supervisor was down) becomes one summary message, not 30.
+BACKLOG_HOLD_S = 10.0
 MAX_CONSECUTIVE_FAILURES = 3
 
 Sleep = Callable[[float], Awaitable[Any]]
@@ -160,22 +163,21 @@ class Outbox:
 
     # -- queueing (inside the batch transaction) ----------------------------------------------
 
-    def writer_for(self, outcome: Outcome, *, action_taken: str) -> Writer:
+    def writer_for(self, outcome: Outcome) -> Writer:
         """A writer for `Store.commit_batch(extra=[...])` that queues this crash's message."""
         if self._webhook is None or not is_notable(outcome):
             return _noop
-        if is_groupable(outcome) and not self._config.notify_transient:
+        key = group_key(outcome)
+        if key is not None and not is_backlog(key) and not self._config.notify_transient:
             self._metrics.notification("dropped")
             return _noop
 
-        action = coerce_action_taken(action_taken, outcome.decision)
-
         def write(db: sqlite3.Connection) -> None:
-            self._queue(db, outcome, action)
+            self._queue(db, outcome)
 
         return write
 
-    def _queue(self, db: sqlite3.Connection, outcome: Outcome, action_taken: str) -> None:
+    def _queue(self, db: sqlite3.Connection, outcome: Outcome) -> None:
         """Add the crash as a member of a new or an open group message; ignore a replay."""
         now, inv = self._now(), outcome.invocation
         when = inv.ended_us / 1_000_000 if inv.ended_us else now
@@ -187,10 +189,10 @@ class Outbox:
         )
         if member.rowcount == 0:
             return  # this invocation is already queued: a replayed batch
-        group_key = f"{inv.unit}\x00{outcome.verdict.signature}" if is_groupable(outcome) else None
-        message_id = self._open_group(db, group_key)
+        group = group_key(outcome)
+        message_id = self._open_group(db, group)
         if message_id is None:
-            message_id = self._new_message(db, group_key, now)
+            message_id = self._new_message(db, group, now)
             self._metrics.notification("queued")
         else:
             self._metrics.notification("grouped")
@@ -198,10 +200,7 @@ class Outbox:
             "UPDATE outbox_member SET message_id = ? WHERE id = ?", (message_id, member.lastrowid)
         )
         payload = build_payload(
-            outcome,
-            host=self._host,
-            action_taken=action_taken,
-            group=self._group(db, message_id) if group_key else None,
+            outcome, host=self._host, group=self._group(db, message_id) if group else None
         )
         db.execute("UPDATE outbox SET payload = ? WHERE id = ?", (_dump(payload), message_id))
         held = self._held.get((inv.unit or "", key)) if key else None
@@ -219,31 +218,31 @@ class Outbox:
         # it now is safe; after a rollback it simply finds nothing new.
         self._wake.set()
 
-    def _open_group(self, db: sqlite3.Connection, group_key: str | None) -> int | None:
+    def _open_group(self, db: sqlite3.Connection, key: str | None) -> int | None:
         """The pending message this group's next crash joins (never the one being sent)."""
-        if group_key is None:
+        if key is None:
             return None
         row = db.execute(
             "SELECT id FROM outbox WHERE group_key = ? AND state = 'pending' AND id IS NOT ?"
             " ORDER BY id LIMIT 1",
-            (group_key, self._inflight),
+            (key, self._inflight),
         ).fetchone()
         return None if row is None else int(row[0])
 
-    def _new_message(self, db: sqlite3.Connection, group_key: str | None, now: float) -> int:
+    def _new_message(self, db: sqlite3.Connection, key: str | None, now: float) -> int:
         """A new pending message; a group's is due one interval after the group's previous one."""
-        due = now
-        if group_key is not None:
+        due = now + (BACKLOG_HOLD_S if is_backlog(key) else 0.0)
+        if key is not None:
             (last,) = db.execute(
                 "SELECT max(CASE WHEN state = 'sent' THEN sent_at ELSE created END)"
                 " FROM outbox WHERE group_key = ?",
-                (group_key,),
+                (key,),
             ).fetchone()
             if last is not None:
                 due = max(now, float(last) + self._config.group_interval_s)
         cursor = db.execute(
             "INSERT INTO outbox (group_key, created, due, payload) VALUES (?, ?, ?, '{}')",
-            (group_key, now, due),
+            (key, now, due),
         )
         return int(cursor.lastrowid or 0)
 
@@ -265,21 +264,20 @@ class Outbox:
         """Look at the queue now (e.g. after a commit that queued a message)."""
         self._wake.set()
 
-    def hold(self, outcome: Outcome, *, action_taken: str) -> None:
+    def hold(self, outcome: Outcome) -> None:
         """Announce a crash whose batch could not be committed, from memory, once.
 
-        Transient crashes are left to the database (they are grouped there and are the least
+        Grouped crashes (transient, read late) are left to the database (they are the least
         urgent); everything else goes out now instead of waiting for the disk to be fixed.
         """
         key = _dedupe_key(outcome)
         if self._webhook is None or key is None or not is_notable(outcome):
             return
-        if is_groupable(outcome):
+        if group_key(outcome) is not None:
             return
         member = (outcome.invocation.unit or "", key)
         if member not in self._held:
-            action = coerce_action_taken(action_taken, outcome.decision)
-            payload = build_payload(outcome, host=self._host, action_taken=action)
+            payload = build_payload(outcome, host=self._host)
             self._held[member] = _Held(payload=_dump(payload))
             self._wake.set()
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
@@ -27,7 +26,7 @@ import httpx
 
 from supervisor.config import Secret
 from supervisor.errors import NotifyError
-from supervisor.model import Action, Decision, Outcome, Severity
+from supervisor.model import Action, Ending, Outcome, Severity, Taken
 
 SECTION_LIMIT = 3000  # Slack: a section's text, a context element
 FIELD_LIMIT = 2000  # Slack: one section field
@@ -62,36 +61,6 @@ SLACK_ERRORS = frozenset(
         "user_not_found",
     }
 )
-
-
-class ActionTaken(StrEnum):
-    """What the supervisor did about the crash, as the message reports it."""
-
-    HALTED = "halted"
-    DRY_RUN = "dry-run"  # would have halted
-    RESTARTING = "restarting"
-    OBSERVED = "observed"
-
-
-def coerce_action_taken(value: str, decision: Decision) -> ActionTaken:
-    """`value` as an ActionTaken; any other text falls back to what the decision implies.
-
-    Queueing runs inside the batch's transaction, where an exception would roll back the whole
-    batch, so a caller's wording ("would halt (dry run)") must never be able to raise there.
-    """
-    try:
-        return ActionTaken(value)
-    except ValueError:
-        return action_taken_for(decision)
-
-
-def action_taken_for(decision: Decision) -> ActionTaken:
-    """The action to report for a decision that was carried out as decided."""
-    if decision.action is Action.HALT:
-        return ActionTaken.DRY_RUN if decision.dry_run else ActionTaken.HALTED
-    if decision.action is Action.ALLOW_RESTART:
-        return ActionTaken.RESTARTING
-    return ActionTaken.OBSERVED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,15 +106,24 @@ def _field(title: str, body: str) -> dict[str, str]:
     return {"type": "mrkdwn", "text": truncate(f"*{title}*\n{body}", FIELD_LIMIT)}
 
 
-def _action_line(action: ActionTaken, unit: str) -> str:
+def _action_line(action: Taken, unit: str) -> str:
     """What happened to the unit, and how a person undoes it."""
     release = f"`vllm-supervisor release {escape(unit)}`"
     return {
-        ActionTaken.HALTED: f":octagonal_sign: Halted: systemd will not restart it. "
+        Taken.HALTED: f":octagonal_sign: Halted: systemd will not restart it. "
         f"After fixing the cause, release it: {release}",
-        ActionTaken.DRY_RUN: ":warning: Would halt (dry run): systemd keeps restarting it.",
-        ActionTaken.RESTARTING: ":repeat: Restarting: systemd restarts it.",
-        ActionTaken.OBSERVED: ":eyes: Observed: no action taken.",
+        Taken.QUARANTINED: f":octagonal_sign: Quarantined: its gate refuses the next start, but "
+        f"systemd was not told (see the decision). After fixing the cause: {release}",
+        Taken.HALT_FAILED: ":rotating_light: Halt FAILED: the quarantine could not be written; "
+        "systemd may start it again.",
+        Taken.WOULD_HALT: ":warning: Dry run: no action taken (see the decision).",
+        Taken.RESTARTING: ":repeat: Restarting: systemd restarts it.",
+        Taken.RESTARTED: ":repeat: Restarted by the supervisor (systemd would not have).",
+        Taken.RESTART_FAILED: ":rotating_light: Restart FAILED: the server stays down.",
+        Taken.DOWN: ":red_circle: Down: nothing restarts it.",
+        Taken.RECORDED: ":scroll: Read late: recorded only, no action taken "
+        "(it is not the unit's present run).",
+        Taken.OBSERVED: ":eyes: Observed: no action taken.",
     }[action]
 
 
@@ -166,9 +144,26 @@ def _crash_site(outcome: Outcome) -> str | None:
     return site
 
 
-def _header(outcome: Outcome, host: str) -> str:
+def _header(outcome: Outcome, host: str, group: Group | None) -> str:
     unit = outcome.invocation.unit or "unknown unit"
-    return truncate(escape(f"{outcome.verdict.title} — {unit} on {host}"), HEADER_LIMIT)
+    if outcome.taken is Taken.RECORDED and group is not None and group.count > 1:
+        title = f"{group.count} past crashes read late"
+    else:
+        title = outcome.verdict.title
+    return truncate(escape(f"{title} — {unit} on {_host(outcome, host)}"), HEADER_LIMIT)
+
+
+def _host(outcome: Outcome, host: str) -> str:
+    """The host the invocation ran on (a journal directory may hold another's)."""
+    return outcome.invocation.hostname or host
+
+
+def _when(outcome: Outcome) -> str:
+    """When it ended, UTC, to the second."""
+    ended = outcome.invocation.ended_us
+    if ended is None:
+        return "unknown"
+    return datetime.fromtimestamp(ended / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:
@@ -176,10 +171,12 @@ def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:
     signature = verdict.signature or f"unknown (fingerprint {verdict.fingerprint or 'none'})"
     restarts = "unknown" if inv.restarts is None else str(inv.restarts)
     return [
-        _field("Host", escape(host)),
+        _field("Host", escape(_host(outcome, host))),
         _field("Unit", escape(inv.unit or "unknown")),
         _field("Signature", escape(signature)),
         _field("Severity", escape(verdict.severity.value)),
+        _field("Ended", escape(_when(outcome))),
+        _field("Invocation", escape(inv.invocation_id or "unknown")),
         _field("Restarts", restarts),
         _field("Exit", escape(_exit_text(outcome))),
     ]
@@ -198,11 +195,12 @@ def _exit_text(outcome: Outcome) -> str:
 
 
 def _blocks(
-    outcome: Outcome, host: str, action: ActionTaken, group: Group | None
+    outcome: Outcome, host: str, action: Taken, group: Group | None
 ) -> list[dict[str, Any]]:
     verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
+    header = _header(outcome, host, group)
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _header(outcome, host)}},
+        {"type": "header", "text": {"type": "plain_text", "text": header}},
         {"type": "section", "fields": _fields(outcome, host)},
         _section("Root cause", _code(verdict.root_cause or "no root-cause line found")),
     ]
@@ -216,19 +214,35 @@ def _blocks(
         blocks.append(_section("Changed since the last good start", changed))
     if group is not None and group.count > 1:
         blocks.append(_section("Grouped", escape(_group_line(group))))
+    if verdict.notes:
+        blocks.append(_section("Notes", escape("; ".join(verdict.notes))))
     blocks.append(_section("Action", _action_line(action, unit)))
-    reason = truncate(escape(f"Decision: {outcome.decision.reason}"), SECTION_LIMIT)
+    blocks.append(_section("Full log", _code(_log_command(outcome))))
+    said = f"Decision: {outcome.decision.reason}"
+    if outcome.taken_detail:
+        said += f". Done: {outcome.taken_detail}"
+    reason = truncate(escape(said), SECTION_LIMIT)
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": reason}]})
     return blocks
 
 
-def _fallback(outcome: Outcome, host: str, action: ActionTaken, group: Group | None) -> str:
+def _log_command(outcome: Outcome) -> str:
+    """The command that shows the invocation's whole log."""
+    inv = outcome.invocation
+    if inv.invocation_id:
+        ident = inv.invocation_id
+        return f"journalctl _SYSTEMD_INVOCATION_ID={ident} + INVOCATION_ID={ident}"
+    return f"journalctl -u {inv.unit or 'UNIT'}"
+
+
+def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -> str:
     """The plain `text`: what notifications and clients without Block Kit show."""
     verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
     restarts = outcome.invocation.restarts
     lines = [
-        f"{verdict.title} — {unit} on {host} ({verdict.severity.value}, "
+        f"{_header(outcome, host, group)} ({verdict.severity.value}, "
         f"restarts: {'unknown' if restarts is None else restarts})",
+        f"Ended {_when(outcome)}, invocation {outcome.invocation.invocation_id or 'unknown'}",
         f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
     ]
     if outcome.invocation.hung:
@@ -240,38 +254,55 @@ def _fallback(outcome: Outcome, host: str, action: ActionTaken, group: Group | N
     if group is not None and group.count > 1:
         lines.append(_group_line(group))
     lines.append(f"Action: {action.value}")
-    if action is ActionTaken.HALTED:
+    if action in (Taken.HALTED, Taken.QUARANTINED):
         lines.append(f"Release: vllm-supervisor release {unit}")
     return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
 
 
-def build_payload(
-    outcome: Outcome,
-    *,
-    host: str,
-    action_taken: ActionTaken | str,
-    group: Group | None = None,
-) -> dict[str, Any]:
-    """The webhook body for one crash (or a group of transient ones); pure."""
-    action = coerce_action_taken(action_taken, outcome.decision)
+def build_payload(outcome: Outcome, *, host: str, group: Group | None = None) -> dict[str, Any]:
+    """The webhook body for one crash (or a group of transient or late ones); pure."""
+    action = outcome.taken
     return {
         "text": _fallback(outcome, host, action, group),
         "blocks": _blocks(outcome, host, action, group),
     }
 
 
+# How an invocation ended without a crash worth telling: a person's stop, a start the gate
+# skipped (the halt was already told), the host's reboot, a saved journal's still-running one.
+_NOT_NEWS = frozenset(
+    {Ending.STOPPED, Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT, Ending.OPEN}
+)
+
+
 def is_notable(outcome: Outcome) -> bool:
-    """True for an invocation worth a message: systemd saw a failure or the lines show a crash."""
+    """True for an invocation worth a message: systemd saw a failure or the lines show a crash,
+    or systemd gave up restarting it; never a person's stop or a skipped start."""
+    ending = outcome.invocation.ending
+    if ending is Ending.START_LIMIT:
+        return True
+    if ending in _NOT_NEWS:
+        return False
     return outcome.invocation.failed or outcome.verdict.crashed
 
 
-def is_groupable(outcome: Outcome) -> bool:
-    """Transient crashes are grouped per unit+signature; fatal, unknown and halting ones never."""
-    return (
+def group_key(outcome: Outcome) -> str | None:
+    """Messages folded together: crashes read late, one summary per unit; transient crashes per
+    unit and signature. Fatal, unknown and acted-on crashes are never folded."""
+    unit = outcome.invocation.unit
+    if outcome.taken is Taken.RECORDED:
+        return f"{unit}\x00backlog"
+    transient = (
         outcome.verdict.severity is Severity.TRANSIENT
         and outcome.verdict.signature is not None
         and outcome.decision.action is not Action.HALT
     )
+    return f"{unit}\x00{outcome.verdict.signature}" if transient else None
+
+
+def is_backlog(key: str | None) -> bool:
+    """True for the group of crashes read late."""
+    return key is not None and key.endswith("\x00backlog")
 
 
 # -- delivery ------------------------------------------------------------------------------------

@@ -86,8 +86,13 @@ def crash(
             f"{prefix}     raise ZeroDivisionError()",
             f"{prefix} ZeroDivisionError: widget {serial} fell to zero",
         ]
+    # Each invocation's server is a process of its own, as under systemd.
     return crashed_invocation(
-        UNIT, lines, restarts=serial, invocation_id=invocation_id or f"{serial:032x}"
+        UNIT,
+        lines,
+        restarts=serial,
+        invocation_id=invocation_id or f"{serial:032x}",
+        pid=4000 + serial,
     )
 
 

@@ -8,6 +8,7 @@ the decision is recorded, the failure reported in the log, a metric, history and
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from slack_server import SECRET, SlackServer
 from faults.harness import Supervisor, crash, db_rows, history_cli, write_config
 from supervisor.journal.writer import JournalWriter
 
-SYSTEMD = "enabled = true\nstop_attempts = 3\nstop_timeout_s = 1.0\nwatchdog = false\n"
+SYSTEMD = "enabled = true\nstop_attempts = 3\nstop_timeout_s = 1.0\n"
 FAILURES = 'vllm_supervisor_halt_failures_total{reason="bus_unavailable",unit="vllm.service"}'
 
 
@@ -63,9 +64,11 @@ class TestBusUnavailable:
         assert [(e["action"], e["attempts"], e["reason"]) for e in failed] == [
             ("stop", 3, "bus_unavailable")
         ]
-        decision = history_cli(tmp_path / "state")[0]["decision"]
-        assert decision["action"] == "halt"
-        assert "stop failed (bus_unavailable), quarantined" in decision["reason"]
-        message = slack.requests[0].json()
-        assert "stop failed (bus_unavailable)" in str(message["blocks"][-1])
+        item = history_cli(tmp_path / "state")[0]
+        assert item["decision"]["action"] == "halt"
+        assert item["taken"] == "quarantined"  # the gate refuses the next start; no stop
+        assert "stop failed (bus_unavailable)" in item["taken_detail"]
+        message = json.dumps(slack.requests[0].json())
+        assert "Quarantined: its gate refuses the next start" in message
+        assert "stop failed (bus_unavailable)" in message
         assert SECRET not in "".join(p.read_text(errors="replace") for p in sup.logs)

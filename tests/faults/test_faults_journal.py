@@ -15,6 +15,7 @@ from faults.harness import (
     Supervisor,
     classified,
     crash,
+    db_rows,
     history_cli,
     last_cursor,
     saved_cursor,
@@ -122,14 +123,16 @@ class TestVacuumedCursor:
             writer.write(crash(KIND_OF[2], 2))
             head: list[dict[str, FieldValue]] = []
             if stopped == "inside_an_invocation":
-                head, third = third[:2], third[2:]  # its start and first line, then the rest
+                head, third = third[:3], third[3:]  # its start and first line, then the rest
                 writer.write(head)
             sup.start()
             _wait_classified(state, writer, 2)
             if head:
                 wait_for(lambda: saved_cursor(state) == last_cursor(journal), what="checkpoint")
             assert sup.terminate() == 0, sup.stderr_text()
-            cursor = saved_cursor(state)
+            # Resuming starts at the open invocation's first entry (its "Starting"), if any.
+            replay = db_rows(state, "SELECT value FROM meta WHERE key = 'replay'")
+            cursor = replay[0][0] if replay else saved_cursor(state)
             writer.rotate()
             writer.write(third)
             assert len(vacuum_files(journal, keep_files=1)) == 1
@@ -138,6 +141,9 @@ class TestVacuumedCursor:
             writer.write(crash(KIND_OF[4], 4))
             _wait_classified(state, writer, 4)
             assert _metric(sup, GAPS) == 1
+            # The entries after the last decision (its restart scheduled) commit with the
+            # next quiet checkpoint: wait for it rather than race the stop against the read.
+            wait_for(lambda: saved_cursor(state) == last_cursor(journal), what="checkpoint")
         assert sup.terminate() == 0, sup.stderr_text()
         history = history_cli(state)
         assert _ids([1, 2, 3, 4]) == [h["invocation_id"] for h in history]
@@ -210,6 +216,8 @@ def _with(entries: list[Entry], hostile: Entry, serial: int) -> list[Entry]:
     hostile = dict(hostile)
     if "_SYSTEMD_INVOCATION_ID" in hostile:
         hostile["_SYSTEMD_INVOCATION_ID"] = f"{serial:032x}"
+    if "_PID" in hostile:
+        hostile["_PID"] = 4000 + serial  # printed by the invocation's own server process
     if hostile.get("_SYSTEMD_UNIT") is None and "MESSAGE" in hostile:
         hostile["_SYSTEMD_UNIT"] = UNIT
     return [entries[0], hostile, *entries[1:]]
@@ -238,7 +246,8 @@ class TestHostileEntries:
                 lines = sum(1 for e in entries if e.get("_SYSTEMD_UNIT") == UNIT)
                 expected.append((f"{serial:032x}", kind, lines + own))
             writer.write(crash("fatal", 99))  # and after all of them, a plain crash
-            expected.append((f"{99:032x}", "fatal", len(crash("fatal", 99)) - 4))
+            plain = crash("fatal", 99)
+            expected.append((f"{99:032x}", "fatal", sum(1 for e in plain if "MESSAGE_ID" not in e)))
             sup.start()
             _wait_classified(state, writer, len(expected))
             assert sup.alive()
@@ -275,7 +284,8 @@ class TestBacktracking:
         with JournalWriter(journal) as writer:
             for serial, cause in enumerate(BACKTRACKING, 1):
                 entries = crash("unknown", serial)
-                entries[-4]["MESSAGE"] = f"(EngineCore_DP0 pid=6200) {cause}"
+                last_line = max(i for i, e in enumerate(entries) if "MESSAGE_ID" not in e)
+                entries[last_line]["MESSAGE"] = f"(EngineCore_DP0 pid=6200) {cause}"
                 # Ray's dedup suffix after a run of spaces, for logline's cleaning.
                 spaces = "\x1b[0m" + " " * 16000 + "x [repeated 2x across cluster]!"
                 writer.write(_with(entries, _own_line(MESSAGE=spaces), serial))

@@ -33,20 +33,33 @@ BACKOFF_MAX_S = 5.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HaltResult:
-    """What `Halter.halt` did (or, in a dry run, would have done)."""
+    """What `Halter.halt` did."""
 
-    stopped: bool  # the unit is down: StopUnit succeeded or it was already inactive
-    quarantined: Path | None  # the record written (None in a dry run or when writing failed)
+    quarantined: Path | None  # the record written (None when writing failed)
+    stopped: bool  # systemd was told: StopUnit succeeded, was not needed, or the gate refuses
     error: SystemdError | None  # the final systemd failure, after retries
     latency_s: float  # from the call to the end of the stop
-    dry_run: bool = False
     stop_job: str | None = None  # the D-Bus job path of StopUnit, when one was issued
     quarantine_error: str | None = None  # why the record could not be written
-    detail: str = ""  # one human sentence: what was done, or what would have been done
+    detail: str = ""  # one human sentence: what was done
+
+    @property
+    def complete(self) -> bool:
+        """The unit is quarantined and systemd was told (or had nothing to be told)."""
+        return self.quarantined is not None and self.stopped and self.error is None
+
+    @property
+    def failure_reason(self) -> str | None:
+        """A bounded label for what failed (metric label), or None when the halt is complete."""
+        if self.quarantined is None:
+            return "quarantine"
+        if self.error is not None:
+            return self.error.reason
+        return None
 
 
 class Halter:
-    """Quarantines and stops a unit after a fatal verdict."""
+    """Quarantines and stops a unit after a fatal verdict; restarts a hung one."""
 
     def __init__(
         self,
@@ -65,33 +78,24 @@ class Halter:
         self._sleep = sleep
         self._clock = clock
 
-    async def halt(self, outcome: Outcome, *, dry_run: bool) -> HaltResult:
-        """Quarantine and stop the unit of `outcome`; in a dry run only say what would happen."""
+    @property
+    def quarantine(self) -> Quarantine:
+        """Where this halter writes its records."""
+        return self._quarantine
+
+    @property
+    def controls_systemd(self) -> bool:
+        """False when systemd control is disabled: records only, no stop or restart."""
+        return self._systemd is not None
+
+    async def halt(self, unit: str, outcome: Outcome, *, stop: bool) -> HaltResult:
+        """Quarantine `unit` for `outcome`, then (with `stop`) stop it through systemd.
+
+        The record first: it makes the unit's gate refuse any start that races the stop.
+        """
         start = self._clock()
-        unit = outcome.invocation.unit
-        if unit is None:
-            return HaltResult(
-                stopped=False,
-                quarantined=None,
-                error=SystemdError(
-                    "halt: the invocation names no unit", reason="no_such_unit", retryable=False
-                ),
-                latency_s=0.0,
-                dry_run=dry_run,
-                detail="no unit to halt",
-            )
-        if dry_run:
-            return HaltResult(
-                stopped=False,
-                quarantined=None,
-                error=None,
-                dry_run=True,
-                latency_s=self._clock() - start,
-                detail=f"dry run: would quarantine {unit} at {self._quarantine.path(unit)} "
-                "and stop it",
-            )
         path, q_error = self._write_record(unit, outcome)
-        stopped, job, error = await self._stop(unit)
+        stopped, job, error = await self._stop(unit) if stop else (True, None, None)
         return HaltResult(
             stopped=stopped,
             quarantined=path,
@@ -99,7 +103,7 @@ class Halter:
             stop_job=job,
             quarantine_error=q_error,
             latency_s=self._clock() - start,
-            detail=_describe(unit, path, stopped, job, error),
+            detail=_describe(unit, path, stop, stopped, job, error),
         )
 
     async def restart(self, unit: str) -> str:
@@ -202,13 +206,22 @@ def _backoff(attempt: int) -> float:
 
 
 def _describe(
-    unit: str, path: Path | None, stopped: bool, job: str | None, error: SystemdError | None
+    unit: str,
+    path: Path | None,
+    asked: bool,
+    stopped: bool,
+    job: str | None,
+    error: SystemdError | None,
 ) -> str:
     parts = [f"quarantined {unit} at {path}" if path else f"could not quarantine {unit}"]
-    if error is not None:
+    if not asked:
+        parts.append("its gate refuses the start under way")
+    elif error is not None:
         parts.append(f"stop failed ({error.reason}): {error}")
+    elif job:
+        parts.append("stopped it")
     elif stopped:
-        parts.append("stopped it" if job else "it was already down")
+        parts.append("it was already down")
     else:
         parts.append("systemd control is disabled, the gate alone keeps it down")
     return "; ".join(parts)

@@ -1,0 +1,155 @@
+"""Carry out a decision: the one place that halts, restarts, or only records.
+
+The policy says what should happen to a unit whose crash is the present one. The actor asks
+systemd whether it is (supervisor.actions.presence), then:
+
+- halt, present: quarantine (the gate's record), then StopUnit unless the unit is down already
+  or its gate is waiting on us (the gate refuses the start itself: a StopUnit then would kill
+  the gate and fail the unit);
+- allow-restart: nothing, systemd restarts it; but a hung engine (the unit stays active) and a
+  crash that exited 0 (systemd sees success and, under `Restart=on-failure`, leaves it down)
+  are restarted here;
+- not present (read late, another host, an earlier boot): recorded, never acted on;
+- dry run: everything above is only said.
+
+The result is the outcome as recorded: `taken` says what was done, and a late crash's decision
+becomes `observe` with the reason, so history and Slack never claim an action that did not
+happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from supervisor.actions.halt import Halter, HaltResult
+from supervisor.actions.presence import Here, Judgement, Presence, judge
+from supervisor.errors import SystemdError
+from supervisor.metrics import Metrics
+from supervisor.model import Action, Decision, Ending, Outcome, Taken
+from supervisor.systemd import UnitState
+
+log = structlog.get_logger(__name__)
+
+STATE_TIMEOUT_S = 5.0
+
+
+class UnitStates(Protocol):
+    """Reads a unit's state (supervisor.systemd.SystemdClient)."""
+
+    async def unit_state(self, unit: str) -> UnitState: ...
+
+
+class Actor:
+    """Turns decided outcomes into actions on systemd, each confirmed first."""
+
+    def __init__(
+        self,
+        halter: Halter,
+        systemd: UnitStates | None,
+        metrics: Metrics,
+        *,
+        gate_waiting: Callable[[str], bool] = lambda unit: False,
+        state_timeout_s: float = STATE_TIMEOUT_S,
+    ) -> None:
+        self.halter = halter
+        self._systemd = systemd
+        self._metrics = metrics
+        self._gate_waiting = gate_waiting
+        self._state_timeout_s = state_timeout_s
+
+    async def carry_out(self, outcome: Outcome, here: Here) -> Outcome:
+        """Act on `outcome` if it is the present one; the outcome as it is to be recorded."""
+        decision, unit = outcome.decision, outcome.invocation.unit
+        if decision.action is Action.OBSERVE or unit is None:
+            return _taken(outcome, Taken.OBSERVED, "")
+        judgement = judge(outcome.invocation, await self._state(unit), here)
+        if not judgement.actable and judgement.presence is not Presence.DOWN:
+            return _history(outcome, judgement)
+        if decision.action is Action.HALT:
+            return await self._halt(unit, outcome, judgement)
+        return await self._allow_restart(unit, outcome, judgement)
+
+    async def _halt(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:
+        if judgement.presence is Presence.DOWN:
+            return _taken(outcome, Taken.DOWN, f"nothing to halt: {judgement.reason}")
+        if outcome.decision.dry_run:
+            return _taken(
+                outcome,
+                Taken.WOULD_HALT,
+                f"dry run: would quarantine {unit} and stop it ({judgement.reason})",
+            )
+        stop = judgement.running and not self._gate_waiting(unit)
+        result = await self.halter.halt(unit, outcome, stop=stop)
+        return self._halted(unit, outcome, judgement, result)
+
+    def _halted(
+        self, unit: str, outcome: Outcome, judgement: Judgement, result: HaltResult
+    ) -> Outcome:
+        detail = f"{result.detail} ({judgement.reason})"
+        if result.complete:
+            self._metrics.halt(unit, outcome.decision.rule, result.latency_s)
+            return _taken(outcome, Taken.HALTED, detail)
+        reason = result.failure_reason
+        if reason is not None:
+            self._metrics.halt_failed(unit, reason)
+        if result.quarantined is not None:
+            self._metrics.units_halted(unit, True)
+            return _taken(outcome, Taken.QUARANTINED, detail)
+        log.error("halt_failed", unit=unit, detail=detail)
+        return _taken(outcome, Taken.HALT_FAILED, detail)
+
+    async def _allow_restart(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:
+        invocation = outcome.invocation
+        if invocation.ending is Ending.HUNG and judgement.presence is Presence.CURRENT:
+            why = "its engine died while the unit stayed up"
+        elif judgement.presence is Presence.DOWN and invocation.result == "success":
+            why = "it exited 0 after crashing, so systemd will not restart it"
+        elif judgement.presence is Presence.DOWN:
+            return _taken(outcome, Taken.DOWN, f"the server is down: {judgement.reason}")
+        else:
+            return _taken(outcome, Taken.RESTARTING, judgement.reason)
+        if outcome.decision.dry_run:
+            return _taken(outcome, Taken.WOULD_HALT, f"dry run: would restart {unit}: {why}")
+        if not self.halter.controls_systemd:
+            return _taken(outcome, Taken.DOWN, f"not restarted ({why}): systemd control is off")
+        try:
+            await self.halter.restart(unit)
+        except SystemdError as exc:
+            log.error("restart_failed", unit=unit, reason=exc.reason, error=str(exc))
+            return _taken(outcome, Taken.RESTART_FAILED, f"could not restart it ({why}): {exc}")
+        return _taken(outcome, Taken.RESTARTED, f"restarted it: {why}")
+
+    async def _state(self, unit: str) -> UnitState | None:
+        """systemd's view of the unit, or None when it cannot be asked (journal alone)."""
+        if self._systemd is None:
+            return None
+        try:
+            async with asyncio.timeout(self._state_timeout_s):
+                return await self._systemd.unit_state(unit)
+        except (SystemdError, TimeoutError) as exc:
+            log.warning("unit_state_unavailable", unit=unit, error=str(exc) or "timeout")
+            return None
+
+
+def _taken(outcome: Outcome, taken: Taken, detail: str) -> Outcome:
+    return dataclasses.replace(outcome, taken=taken, taken_detail=detail)
+
+
+def _history(outcome: Outcome, judgement: Judgement) -> Outcome:
+    """A crash that is not the present one: the decision becomes 'observe', with why."""
+    decision = outcome.decision
+    said = f"{decision.action.value}: {decision.reason}"
+    recorded = Decision(
+        action=Action.OBSERVE,
+        reason=f"{judgement.reason}; recorded, not acted on (for the present it would be {said})",
+        dry_run=decision.dry_run,
+        rule=judgement.presence.value.replace("-", "_"),
+    )
+    return dataclasses.replace(
+        outcome, decision=recorded, taken=Taken.RECORDED, taken_detail=judgement.reason
+    )
