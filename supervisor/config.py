@@ -117,6 +117,7 @@ class SlackConfig:
     webhook_url_file: Path | None = None  # a file holding the URL (e.g. a systemd credential)
     notify_transient: bool = True  # also post transient crashes (grouped per interval)
     group_interval_s: float = 600.0  # transient crashes of one signature: one message per interval
+    backlog_hold_s: float = 10.0  # crashes read late (a backlog) wait this long to be one message
     timeout_s: float = 10.0  # one HTTP attempt
     max_attempts: int = 8  # per message, before it is marked failed
     backoff_max_s: float = 300.0  # longest wait between attempts
@@ -248,6 +249,13 @@ def validate(config: Config) -> Config:
             )
         if names.count(name) > 1:
             raise ConfigError(f"unit[{index}].name: {name!r} is listed twice")
+        if "@." in name:
+            stem, suffix = name.split("@.", 1)
+            raise ConfigError(
+                f"unit[{index}].name: {name!r} is a template, which never runs itself; list "
+                f"each instance to supervise ('{stem}@0.{suffix}', '{stem}@1.{suffix}', ...; "
+                f"`systemctl list-units '{stem}@*'` shows them)"
+            )
     for index, unit in enumerate(config.units):
         _positive(f"unit[{index}].unknown_repeat_limit", unit.unknown_repeat_limit)
         _positive(f"unit[{index}].hang_grace_s", unit.hang_grace_s)

@@ -49,6 +49,7 @@ from supervisor.store import Checkpoint, Store, Writer
 log = structlog.get_logger(__name__)
 
 COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
+GATE_KICK_S = 0.01  # while a gate waits for its start to be read, the reader looks this often
 
 
 class Notifying(Protocol):
@@ -280,20 +281,24 @@ class Daemon:
         deadline = time.monotonic() + wait_s
         tracker = self.pipeline.tracker
         while invocation_id is not None and not tracker.has_seen(unit, invocation_id):
-            if not await self._progress_until(deadline):
+            if not await self._progress_until(deadline, kick=True):
                 return {"ok": True, "decided": False, "waited": "start not read in time"}
         while tracker.settling(unit):
-            if not await self._progress_until(deadline):
+            if not await self._progress_until(deadline, kick=False):
                 return {"ok": True, "decided": False, "waited": "previous run not decided"}
         async with self.lock:  # the batch that decided it has also acted on it
             pass
         return {"ok": True, "decided": True}
 
-    async def _progress_until(self, deadline: float) -> bool:
-        """Wait for the next handled batch; False once `deadline` (monotonic) has passed."""
+    async def _progress_until(self, deadline: float, *, kick: bool) -> bool:
+        """Wait for the next handled batch (with `kick`, asking the reader to look now, again
+        every GATE_KICK_S); False once `deadline` (monotonic) has passed."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return False
+        if kick:
+            self.reader.kick()
+            remaining = min(remaining, GATE_KICK_S)
         await first_of(self._progress.wait(), at_most_s=remaining)
         return True
 

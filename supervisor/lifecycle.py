@@ -467,7 +467,9 @@ class InvocationTracker:
             builder.ending = Ending.EXITED
         track.running.pop(builder.invocation_id, None)
         if self._settle_us <= 0 or builder.ending is Ending.SKIPPED:
-            return [self._close(track, builder)]
+            # Those that ended before it are returned first: decisions stay in journal order.
+            earlier = [self._close(track, b) for b in list(track.settling.values())]
+            return [*earlier, self._close(track, builder)]
         builder.deadline_us = entry.realtime_us + self._settle_us
         builder.read_deadline = self._clock() + self.caps.settle_s
         track.settling[builder.invocation_id] = builder

@@ -20,6 +20,7 @@ happen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Protocol
@@ -36,6 +37,8 @@ from supervisor.systemd import UnitState
 log = structlog.get_logger(__name__)
 
 STATE_TIMEOUT_S = 5.0
+GATE_WATCH_S = 120.0  # how long a gate that has not asked us is watched
+GATE_POLL_S = 0.05
 
 
 class UnitStates(Protocol):
@@ -61,6 +64,7 @@ class Actor:
         self._metrics = metrics
         self._gate_waiting = gate_waiting
         self._state_timeout_s = state_timeout_s
+        self._background: set[asyncio.Task[None]] = set()
 
     async def carry_out(self, outcome: Outcome, here: Here) -> Outcome:
         """Act on `outcome` if it is the present one; the outcome as it is to be recorded."""
@@ -83,9 +87,34 @@ class Actor:
                 Taken.WOULD_HALT,
                 f"dry run: would quarantine {unit} and stop it ({judgement.reason})",
             )
-        stop = judgement.running and not self._gate_waiting(unit)
-        result = await self.halter.halt(unit, outcome, stop=stop)
+        # A StopUnit while the next start's gate runs would kill the gate and fail the unit: the
+        # gate reads the record itself. One that connects late (a Python starting) is checked
+        # on once it is done, in the background, never under the daemon's lock it may wait on.
+        gate = self._gate_waiting(unit) or judgement.gating
+        result = await self.halter.halt(unit, outcome, stop=judgement.running and not gate)
+        if judgement.gating and not self._gate_waiting(unit):
+            self._watch_gate(unit)
         return self._halted(unit, outcome, judgement, result)
+
+    def _watch_gate(self, unit: str) -> None:
+        task = asyncio.create_task(self._after_gate(unit))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _after_gate(self, unit: str) -> None:
+        """Once the gate is done: stop the unit if it let the start through anyway (not our
+        gate, or a record it could not read), as the halt intended."""
+        deadline = asyncio.get_running_loop().time() + GATE_WATCH_S
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(GATE_POLL_S)  # polling systemd: no event tells it here
+            state = await self._state(unit)
+            if state is None or state.sub_state == "condition":
+                continue
+            if state.active_state in ("active", "activating"):
+                log.warning("gate_let_start_through", unit=unit, action="stopping it")
+                with contextlib.suppress(SystemdError):
+                    await self.halter.stop(unit)
+            return
 
     def _halted(
         self, unit: str, outcome: Outcome, judgement: Judgement, result: HaltResult

@@ -103,10 +103,19 @@ class GateServer:
             return {"ok": True}
         invocation_id = request.get("invocation_id")
         self.waiting[unit] = self.waiting.get(unit, 0) + 1
+        started = time.monotonic()
         try:
-            return await self._ready(unit, invocation_id, self._wait_s)
+            answer = await self._ready(unit, invocation_id, self._wait_s)
         finally:
             self.waiting[unit] -= 1
+        log.info(
+            "gate_answered",
+            unit=unit,
+            invocation_id=invocation_id,
+            decided=answer.get("decided"),
+            waited_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+        return answer
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:

@@ -106,6 +106,13 @@ class Halter:
             detail=_describe(unit, path, stop, stopped, job, error),
         )
 
+    async def stop(self, unit: str) -> str | None:
+        """Stop `unit` (retried); the job path. Raises SystemdError after retries."""
+        _, job, error = await self._stop(unit)
+        if error is not None:
+            raise error
+        return job
+
     async def restart(self, unit: str) -> str:
         """Restart `unit` (a hung engine); the job path. Raises SystemdError after retries."""
         if self._systemd is None:

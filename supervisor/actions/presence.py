@@ -43,6 +43,7 @@ class Judgement:
     reason: str
     confirmed: bool
     running: bool = False  # the unit runs a process now (StopUnit or RestartUnit needed)
+    gating: bool = False  # its next start's ExecCondition= (the gate) runs right now
 
     @property
     def actable(self) -> bool:
@@ -72,7 +73,7 @@ def judge(invocation: Invocation, state: UnitState | None, here: Here) -> Judgem
     age_s = _age_s(invocation, here.now_us)
     if state is None:
         return _from_journal(invocation, here, age_s)
-    if state.invocation_id == invocation.invocation_id:
+    if _is_its_end(invocation, state, here):
         if state.sub_state == "auto-restart":
             return Judgement(
                 presence=Presence.CURRENT,
@@ -100,6 +101,7 @@ def judge(invocation: Invocation, state: UnitState | None, here: Here) -> Judgem
             f"{state.active_state}/{state.sub_state})",
             confirmed=True,
             running=state.active_state in ("active", "activating"),
+            gating=state.sub_state == "condition",
         )
     newer = state.invocation_id or "none"
     return _history(
@@ -107,6 +109,22 @@ def judge(invocation: Invocation, state: UnitState | None, here: Here) -> Judgem
         f"read late: the unit now runs a newer invocation ({newer}, "
         f"{state.active_state}/{state.sub_state}) that a person or systemd started",
         confirmed=True,
+    )
+
+
+def _is_its_end(invocation: Invocation, state: UnitState, here: Here) -> bool:
+    """systemd still shows this invocation as the unit's last run.
+
+    On systemd 252 a unit that ended "Deactivated successfully" (inactive/dead) reports no
+    InvocationID at all: it is still this run's end when nothing newer started since.
+    """
+    if state.invocation_id == invocation.invocation_id:
+        return True
+    nothing_newer = here.newer_id in (None, invocation.invocation_id)
+    return (
+        state.invocation_id == ""
+        and state.active_state in ("inactive", "failed")
+        and nothing_newer
     )
 
 

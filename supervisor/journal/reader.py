@@ -356,6 +356,17 @@ class JournalctlReader:
         if not self.settings.follow:
             raise JournalError(f"journalctl failed: {message}")
 
+    def kick(self) -> None:
+        """Have the native child read the journal now, not at journald's next change
+        notification (coalesced by a timer of up to 250 ms on systemd 252). journalctl has
+        no such signal: with it this does nothing."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        if resolve_source(self.settings.source) == "native":
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR1)
+
     def follow_units(self, units: tuple[str, ...]) -> None:
         """Follow another set of units from the next entry on (a reloaded config).
 

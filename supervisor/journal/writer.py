@@ -100,7 +100,10 @@ class EntryFactory:
             "_MACHINE_ID": self.machine_id,
             "_HOSTNAME": self.hostname,
         }
-        return export_entry({**head, **{k: v for k, v in fields.items() if k not in head}})
+        # An entry may name another boot, machine or host (a test of a reboot, of a directory
+        # holding two hosts); the cursor and the timestamps stay the factory's.
+        fixed = ("__CURSOR", "__REALTIME_TIMESTAMP", "__MONOTONIC_TIMESTAMP")
+        return export_entry({**head, **{k: v for k, v in fields.items() if k not in fixed}})
 
 
 class JournalWriter:
@@ -262,19 +265,23 @@ def start_entries(unit: str, invocation_id: str) -> list[dict[str, FieldValue]]:
 
 
 def exit_entries(
-    unit: str, invocation_id: str, exit_status: int, *, signal_name: str = "TERM"
+    unit: str,
+    invocation_id: str,
+    exit_status: int,
+    *,
+    signal: int | None = None,
+    signal_name: str = "TERM",
 ) -> list[dict[str, FieldValue]]:
     """The main process's exit and the unit's end, as systemd 252 logs them.
 
-    Status 0 ends "Deactivated successfully"; a status of 128 or more is a kill by that signal
-    (EXIT_STATUS is then the signal number); anything else "Failed with result 'exit-code'".
+    Status 0 ends "Deactivated successfully", any other "Failed with result 'exit-code'"; with
+    `signal` the process was killed by that signal ("Failed with result 'signal'").
     """
-    if exit_status >= 128:
-        number = exit_status - 128
+    if signal is not None:
         exited = lifecycle(
             unit, invocation_id, LifecycleEvent.PROCESS_EXITED,
-            f"Main process exited, code=killed, status={number}/{signal_name}",
-            EXIT_CODE="killed", EXIT_STATUS=number, COMMAND="ExecStart",
+            f"Main process exited, code=killed, status={signal}/{signal_name}",
+            EXIT_CODE="killed", EXIT_STATUS=signal, COMMAND="ExecStart",
         )  # fmt: skip
         result = "signal"
     else:
@@ -285,7 +292,7 @@ def exit_entries(
             EXIT_CODE="exited", EXIT_STATUS=exit_status, COMMAND="ExecStart",
         )  # fmt: skip
         result = "exit-code"
-    if exit_status == 0:
+    if exit_status == 0 and signal is None:
         end = lifecycle(
             unit, invocation_id, LifecycleEvent.DEACTIVATED, "Deactivated successfully."
         )
@@ -333,7 +340,8 @@ def crashed_invocation(
     inv = invocation_id or uuid.uuid4().hex
     entries = start_entries(unit, inv)
     entries += service_lines(unit, inv, lines, pid=pid)
-    entries += exit_entries(unit, inv, exit_status)
+    killed = exit_status - 128 if exit_status >= 128 else None
+    entries += exit_entries(unit, inv, exit_status, signal=killed)
     if restarts is not None:
         entries += restart_entries(unit, inv, restarts)
     return entries

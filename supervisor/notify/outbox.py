@@ -92,9 +92,6 @@ STATE_RETRY_S = 5.0  # wait after a state database error before trying again
 MAX_TIMEOUT_GROWTH = 4  # an attempt after ambiguous timeouts waits up to 4 x timeout_s
 UNREACHABLE = frozenset({"connect", "tls"})  # the request never reached Slack
 MAX_HEALTHY_DEPTH = 100
-# The first message about crashes read late waits this long, so a backlog read at start-up (30
-# crashes while the supervisor was down) becomes one summary message, not 30.
-BACKLOG_HOLD_S = 10.0
 MAX_CONSECUTIVE_FAILURES = 3
 
 Sleep = Callable[[float], Awaitable[Any]]
@@ -231,7 +228,9 @@ class Outbox:
 
     def _new_message(self, db: sqlite3.Connection, key: str | None, now: float) -> int:
         """A new pending message; a group's is due one interval after the group's previous one."""
-        due = now + (BACKLOG_HOLD_S if is_backlog(key) else 0.0)
+        # The first message about crashes read late waits a little, so a backlog read at start-up
+        # (30 crashes while the supervisor was down) becomes one summary message, not 30.
+        due = now + (self._config.backlog_hold_s if is_backlog(key) else 0.0)
         if key is not None:
             (last,) = db.execute(
                 "SELECT max(CASE WHEN state = 'sent' THEN sent_at ELSE created END)"
