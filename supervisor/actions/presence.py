@@ -122,9 +122,7 @@ def _is_its_end(invocation: Invocation, state: UnitState, here: Here) -> bool:
         return True
     nothing_newer = here.newer_id in (None, invocation.invocation_id)
     return (
-        state.invocation_id == ""
-        and state.active_state in ("inactive", "failed")
-        and nothing_newer
+        state.invocation_id == "" and state.active_state in ("inactive", "failed") and nothing_newer
     )
 
 
