@@ -11,7 +11,7 @@ root cause holds the label's key. Verdicts and decisions are read only through `
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase), `--only PATTERN` (substring or glob of file names), `--json PATH`,
 `--jobs N` (logs replayed in parallel, default 2), `--write-baseline` (the fatal logs that halt on
-the first crash, for tests/test_bench_decisions.py).
+the first crash, for tests/test_bench_decisions.py), `--reader auto|native|journalctl`.
 """
 
 from __future__ import annotations
