@@ -2,10 +2,11 @@
 
 The corpus is part of the repository (`tests/data/corpus`, copied with its README and sources
 from the project's shared collection), so a clean clone scores it with nothing beside it.
-Its absence is a failure, not a skip: this is the project's main measure of the table. INDEX.tsv gives per file the expected severity (fatal,
-transient, or either = fatal or transient) and a root-cause key the verdict's root cause must
-contain; the README says an empty key means the excerpt lacks the root cause, so only the
-severity is checked and `unknown` is acceptable there.
+Its absence is a failure, not a skip: this is the project's main measure of the table.
+INDEX.tsv gives per file the expected severity (fatal, transient, or either = fatal or
+transient) and a root-cause key the verdict's root cause must contain; the README says an empty
+key means the excerpt lacks the root cause, so only the severity is checked and `unknown` is
+acceptable there.
 """
 
 from __future__ import annotations
