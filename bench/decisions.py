@@ -170,9 +170,9 @@ class Score:
     wrongly_halted: bool | None  # transient logs: any halt
     root_ok: bool
     no_cause: bool  # invocation 1 failed and has no root-cause line
-    root_cause: str | None
-    severity: str | None
-    signature: str | None
+    root_cause: str | None  # invocation 1's verdict, as the JSON contract names it
+    verdict_severity: str | None
+    verdict_signature: str | None
     reason: str | None  # invocation 1's decision reason
     basis: Any = None  # verdict.basis / verdict.confidence when the pipeline gives them
     confidence: Any = None
@@ -200,8 +200,8 @@ def score(run: LogRun) -> Score:
         root_ok=not log.key or (root_cause is not None and log.key in root_cause),
         no_cause=_failed(first) and root_cause is None,
         root_cause=root_cause,
-        severity=verdict.get("severity"),
-        signature=verdict.get("signature"),
+        verdict_severity=verdict.get("severity"),
+        verdict_signature=verdict.get("signature"),
         reason=(first.get("decision") or {}).get("reason"),
         basis=verdict.get("basis"),
         confidence=verdict.get("confidence"),

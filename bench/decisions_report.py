@@ -25,6 +25,8 @@ class Tally:
     either: int = 0
     either_halted_first: int = 0
     root_ok: int = 0
+    keyed: int = 0  # logs whose label has a root-cause key (the others count as right)
+    keyed_ok: int = 0
     no_cause: int = 0
     errors: int = 0
 
@@ -43,6 +45,9 @@ class Tally:
             self.either += 1
             self.either_halted_first += score.halted_first
         self.root_ok += score.root_ok
+        if run.log.key:
+            self.keyed += 1
+            self.keyed_ok += score.root_ok
         self.no_cause += score.no_cause
         self.errors += run.error is not None
 
@@ -80,7 +85,7 @@ def table(tallies: dict[str, Tally]) -> str:
             str(t.transient),
             str(t.transient_halted),
             f"{t.either_halted_first} / {t.either - t.either_halted_first}",
-            _pct(t.root_ok, t.logs),
+            f"{_pct(t.root_ok, t.logs)}, keyed {t.keyed_ok}/{t.keyed}",
             str(t.no_cause),
             str(t.errors),
         ]
@@ -98,10 +103,8 @@ def _what_happened(run: LogRun, score: Score) -> str:
         when = f"halted on crash {score.halted_at}"
     basis = f", basis {score.basis}" if score.basis is not None else ""
     confidence = f", confidence {score.confidence}" if score.confidence is not None else ""
-    return (
-        f"{when} [{actions}]; inv. 1: {score.severity} {score.signature or '-'}{basis}"
-        f"{confidence}: {score.reason}"
-    )
+    verdict = f"{score.verdict_severity} {score.verdict_signature or '-'}{basis}{confidence}"
+    return f"{when} [{actions}]; inv. 1: {verdict}: {score.reason}"
 
 
 def misses(runs: Sequence[LogRun], scores: Sequence[Score]) -> Iterator[tuple[str, str]]:

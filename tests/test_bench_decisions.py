@@ -52,9 +52,10 @@ def corpus_runs() -> list[tuple[LogRun, Score]]:
 
 
 def _describe(run: LogRun, s: Score) -> str:
+    verdict = f"{s.verdict_severity} {s.verdict_signature}"
     return (
-        f"{run.log.file}: decisions {list(s.actions)}; inv. 1 {s.severity} {s.signature}: "
-        f"{s.reason}; root cause {s.root_cause!r}"
+        f"{run.log.file}: decisions {list(s.actions)}; inv. 1 {verdict}: {s.reason}; "
+        f"root cause {s.root_cause!r}"
     )
 
 
