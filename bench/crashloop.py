@@ -1,0 +1,266 @@
+"""A crash loop of one unit under `Restart=always`, written as systemd 252 journals it.
+
+Per invocation, in journal order (the facts checked on systemd 252, DESIGN.md §2 and §5):
+
+    PID 1   Starting U...                      7d4958e8...  JOB_TYPE=start  (a new INVOCATION_ID)
+    PID 1   Started U.                         39f53479...  JOB_TYPE=start JOB_RESULT=done
+    U       the log's lines (stdout)                        _SYSTEMD_UNIT=U _SYSTEMD_INVOCATION_ID
+    PID 1   U: Main process exited, code=exited, status=1/FAILURE
+                                               98e32220...  EXIT_CODE=exited EXIT_STATUS=1
+    PID 1   U: Failed with result 'exit-code'. d9b373ed...  UNIT_RESULT=exit-code
+    (all but the last invocation, RestartSec later)
+    PID 1   U: Scheduled restart job, restart counter is at N.   5eb03494...  N_RESTARTS=N
+    PID 1   Stopped U.                         9d1aaa27...  JOB_TYPE=restart JOB_RESULT=done
+
+Every PID 1 message has `_PID=1`, `_UID=0`, `_SYSTEMD_UNIT=init.scope`, `UNIT=U` and the
+INVOCATION_ID of the invocation it is about (the ended one for the exit, failure, restart and
+stop; the new one for the start). The service's lines are spread over the invocation's run time,
+as a model server's startup log is. Entries go through `supervisor.journal.writer.JournalWriter`
+(systemd-journal-remote), so the result is a real journal directory that `journalctl -D` reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from supervisor.journal.writer import (
+    EntryFactory,
+    FieldValue,
+    JournalWriter,
+    lifecycle,
+    service_lines,
+)
+from supervisor.model import LifecycleEvent
+
+# "Starting U..." (SD_MESSAGE_UNIT_STARTING). The tracker has no LifecycleEvent for it.
+STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+# A fixed start, so two runs write the same journal (ids are derived from the log's name too).
+DEFAULT_START_US = int(datetime(2025, 8, 6, 20, 0, tzinfo=UTC).timestamp() * 1_000_000)
+_NAMESPACE = uuid.UUID("5c1b0a52-0d5e-4a57-9a43-6f0c0d7d1e11")
+
+_PID1: dict[str, FieldValue] = {
+    "_UID": 0,
+    "_GID": 0,
+    "_COMM": "systemd",
+    "_EXE": "/usr/lib/systemd/systemd",
+    "_CMDLINE": "/sbin/init",
+    "_SYSTEMD_CGROUP": "/init.scope",
+    "_SYSTEMD_SLICE": "-.slice",
+    "SYSLOG_FACILITY": 3,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopTiming:
+    """How long each phase of one invocation takes (journal time)."""
+
+    started_after_s: float = 0.05  # "Starting" to "Started" (Type=simple: right after the fork)
+    lines_over_s: float = 60.0  # the log's lines are spread over this long
+    exit_after_s: float = 0.5  # last line to "Main process exited"
+    restart_sec: float = 10.0  # RestartSec=: "Failed" to "Scheduled restart job"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrashLoop:
+    """What was written: the unit and its invocations, oldest first."""
+
+    directory: Path
+    unit: str
+    invocation_ids: tuple[str, ...]
+    entries: int
+
+
+Timed = tuple[int, dict[str, FieldValue]]  # (realtime in us, fields)
+
+
+def loop_entries(
+    unit: str,
+    lines: Sequence[str],
+    *,
+    name: str,
+    invocations: int = 5,
+    start_us: int = DEFAULT_START_US,
+    timing: LoopTiming | None = None,
+) -> tuple[list[Timed], tuple[str, ...]]:
+    """The entries of the whole loop with their timestamps, and the invocation ids."""
+    timing = timing or LoopTiming()
+    ids = tuple(uuid.uuid5(_NAMESPACE, f"{name}:{unit}:{i}").hex for i in range(invocations))
+    out: list[Timed] = []
+    now = start_us
+    for index, invocation_id in enumerate(ids):
+        now = _one_invocation(out, unit, invocation_id, lines, index, now, timing)
+        if index + 1 < len(ids):
+            now += _us(timing.restart_sec)
+            out.append((now, _restart_scheduled(unit, invocation_id, index + 1)))
+            now += 1_000
+            # The restart job stops the unit, then starts it again under the same job id.
+            out.append((now, _stopped(unit, invocation_id, job_id=_job_id(index + 1))))
+            now += 1_000
+    return out, ids
+
+
+def write_crash_loop(
+    directory: Path,
+    unit: str,
+    lines: Sequence[str],
+    *,
+    name: str,
+    invocations: int = 5,
+    start_us: int = DEFAULT_START_US,
+    timing: LoopTiming | None = None,
+) -> CrashLoop:
+    """Write the loop into a fresh journal in `directory` with one journal-remote process."""
+    entries, ids = loop_entries(
+        unit, lines, name=name, invocations=invocations, start_us=start_us, timing=timing
+    )
+    seed = uuid.uuid5(_NAMESPACE, name)
+    factory = EntryFactory(
+        boot_id=uuid.uuid5(seed, "boot").hex,
+        seqnum_id=uuid.uuid5(seed, "seqnum").hex,
+        clock_us=start_us - 1,
+    )
+    with JournalWriter(directory, factory=factory) as writer:
+        for at_us, fields in entries:
+            # EntryFactory stamps `max(clock + 1, now)`: set the clock just before `at_us`.
+            factory.clock_us = max(factory.clock_us, at_us - 1)
+            writer.write([fields], flush=False)
+        writer.write([], flush=True)
+    return CrashLoop(directory=directory, unit=unit, invocation_ids=ids, entries=len(entries))
+
+
+def _one_invocation(
+    out: list[Timed],
+    unit: str,
+    invocation_id: str,
+    lines: Sequence[str],
+    index: int,
+    now: int,
+    timing: LoopTiming,
+) -> int:
+    """Append one invocation, from "Starting" to "Failed"; return the time of "Failed"."""
+    out.append((now, _starting(unit, invocation_id, job_id=_job_id(index))))
+    now += _us(timing.started_after_s)
+    out.append((now, _started(unit, invocation_id, job_id=_job_id(index))))
+    first = now
+    step = _us(timing.lines_over_s) // max(len(lines), 1)
+    pid = 4242 + 1000 * index  # a new main process per start
+    for number, fields in enumerate(service_lines(unit, invocation_id, lines, pid=pid)):
+        now = first + step * (number + 1)
+        out.append((now, {**fields, **_service_trusted(unit, invocation_id, pid)}))
+    now = max(now, first + _us(timing.lines_over_s)) + _us(timing.exit_after_s)
+    out.append((now, _exited(unit, invocation_id)))
+    now += 1_000
+    out.append((now, _failed(unit, invocation_id)))
+    return now
+
+
+def _pid1(
+    unit: str,
+    invocation_id: str,
+    event: LifecycleEvent,
+    message: str,
+    priority: int,
+    **fields: FieldValue,
+) -> dict[str, FieldValue]:
+    entry = lifecycle(unit, invocation_id, event, message, **fields)
+    return {**entry, **_PID1, "PRIORITY": priority}
+
+
+def _starting(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
+    # Built like writer.lifecycle's messages; its MESSAGE_ID is not one the tracker knows.
+    entry = _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.JOB_STARTED,
+        f"Started {unit}.",
+        6,
+        JOB_ID=job_id,
+        JOB_TYPE="start",
+    )
+    return {**entry, "MESSAGE_ID": STARTING, "MESSAGE": f"Starting {unit}..."}
+
+
+def _started(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
+    return _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.JOB_STARTED,
+        f"Started {unit}.",
+        6,
+        JOB_ID=job_id,
+        JOB_TYPE="start",
+        JOB_RESULT="done",
+    )
+
+
+def _exited(unit: str, invocation_id: str) -> dict[str, FieldValue]:
+    return _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.PROCESS_EXITED,
+        "Main process exited, code=exited, status=1/FAILURE",
+        5,
+        EXIT_CODE="exited",
+        EXIT_STATUS=1,
+        COMMAND="ExecStart",
+    )
+
+
+def _failed(unit: str, invocation_id: str) -> dict[str, FieldValue]:
+    return _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.UNIT_FAILED,
+        "Failed with result 'exit-code'.",
+        4,
+        UNIT_RESULT="exit-code",
+    )
+
+
+def _restart_scheduled(unit: str, invocation_id: str, n: int) -> dict[str, FieldValue]:
+    return _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.RESTART_SCHEDULED,
+        f"Scheduled restart job, restart counter is at {n}.",
+        6,
+        N_RESTARTS=n,
+    )
+
+
+def _stopped(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
+    return _pid1(
+        unit,
+        invocation_id,
+        LifecycleEvent.JOB_STOPPED,
+        f"Stopped {unit}.",
+        6,
+        JOB_ID=job_id,
+        JOB_TYPE="restart",
+        JOB_RESULT="done",
+    )
+
+
+def _service_trusted(unit: str, invocation_id: str, pid: int) -> dict[str, FieldValue]:
+    """The trusted fields journald adds to a service's stdout besides writer.service_lines'."""
+    return {
+        "_UID": 998,
+        "_GID": 998,
+        "_COMM": "python3",
+        "_SYSTEMD_CGROUP": f"/system.slice/{unit}",
+        "_SYSTEMD_SLICE": "system.slice",
+        "_STREAM_ID": uuid.uuid5(_NAMESPACE, f"{invocation_id}:{pid}").hex,
+        "SYSLOG_FACILITY": 3,
+    }
+
+
+def _job_id(index: int) -> int:
+    return 1000 + index
+
+
+def _us(seconds: float) -> int:
+    return int(seconds * 1_000_000)

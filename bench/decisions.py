@@ -1,0 +1,352 @@
+"""`python -m bench.decisions`: what the daemon decides when a labelled crash log loops.
+
+Every labelled log of the corpus (tests/data/corpus, plus `--corpus DIR`...) is written as a
+5-invocation crash loop of `vllm.service` under `Restart=always` into a real journal
+(bench/crashloop.py, systemd-journal-remote) and read back by `supervisor.triage.collect`, the
+daemon's own Pipeline. Per log: the decision of each invocation, whether the first crash halted,
+the restarts a fatal loop wasted, whether a transient loop was halted, and whether invocation 1's
+root cause holds the label's key. Verdicts and decisions are read only through `Outcome.to_json()`
+(the JSON contract), so the bench survives rewrites of the tracker, classifier and policy.
+
+Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
+optionally engine, phase), `--only PATTERN` (substring or glob of file names), `--json PATH`,
+`--jobs N` (logs replayed in parallel, default 2), `--write-baseline` (the fatal logs that halt on
+the first crash, for tests/test_bench_decisions.py), `--reader auto|native|journalctl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import functools
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.crashloop import write_crash_loop
+from bench.decisions_report import render, tally_all
+from supervisor.app import load_table
+from supervisor.config import Config, JournalConfig, UnitConfig
+from supervisor.signatures import SignatureTable
+from supervisor.triage import collect
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "tests" / "data" / "corpus"
+BASELINE = Path(__file__).resolve().parent / "decisions_baseline.json"
+UNIT = "vllm.service"
+INVOCATIONS = 5
+ENGINES = ("vllm", "sglang", "tgi", "other")
+SEVERITIES = ("fatal", "transient", "either")
+_SGLANG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]{2}\d+)+\]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LabelledLog:
+    """One row of a corpus INDEX.tsv."""
+
+    corpus: str  # the corpus directory
+    file: str
+    severity: str  # fatal | transient | either
+    key: str  # text invocation 1's root cause must contain; empty = not in the excerpt
+    engine: str  # vllm | sglang | tgi | other
+    phase: str | None = None
+
+    @property
+    def path(self) -> Path:
+        """The log file."""
+        return Path(self.corpus) / self.file
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogRun:
+    """What the pipeline returned for one log's crash loop."""
+
+    log: LabelledLog
+    invocation_ids: tuple[str, ...]  # as written, oldest first
+    outcomes: tuple[dict[str, Any], ...]  # Outcome.to_json() of each, in the pipeline's order
+    error: str | None = None  # the traceback, when writing or reading the loop raised
+    seconds: float = 0.0
+
+
+def read_index(directory: Path) -> list[LabelledLog]:
+    """The labelled logs of one corpus directory, engine inferred where the index has none."""
+    with (directory / "INDEX.tsv").open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    logs = []
+    for number, row in enumerate(rows, start=2):
+        severity = (row.get("expected_severity") or "").strip()
+        if severity not in SEVERITIES:
+            raise SystemExit(f"{directory}/INDEX.tsv:{number}: expected_severity {severity!r}")
+        file = row["file"].strip()
+        engine = (row.get("engine") or "").strip().lower()
+        if not engine:
+            engine = infer_engine((directory / file).read_text(encoding="utf-8", errors="replace"))
+        logs.append(
+            LabelledLog(
+                corpus=str(directory),
+                file=file,
+                severity=severity,
+                key=row.get("root_cause_key") or "",
+                engine=engine if engine in ENGINES else "other",
+                phase=(row.get("phase") or "").strip() or None,
+            )
+        )
+    return logs
+
+
+def infer_engine(text: str) -> str:
+    """TGI, SGLang or (by default) vLLM, from the log's text."""
+    if "text_generation_launcher" in text or "text_generation_server" in text:
+        return "tgi"
+    if "sglang" in text.lower() or _SGLANG_PREFIX.search(text):
+        return "sglang"
+    return "vllm"
+
+
+def journal_lines(text: str) -> list[str]:
+    """The lines journald would store for this stdout: split at newlines only, kept verbatim."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+_TABLE: SignatureTable | None = None
+
+
+def _config_and_table(reader: str) -> tuple[Config, SignatureTable]:
+    global _TABLE  # one table per worker process, loaded on first use
+    config = Config(units=(UnitConfig(name=UNIT),), journal=JournalConfig(reader=reader))
+    if _TABLE is None:
+        _TABLE = load_table(config)
+    return config, _TABLE
+
+
+def replay(log: LabelledLog, workdir: Path, reader: str = "auto") -> LogRun:
+    """Write the log's crash loop into a fresh journal and run it through the Pipeline."""
+    started = time.perf_counter()
+    directory = Path(tempfile.mkdtemp(prefix="loop-", dir=workdir))
+    ids: tuple[str, ...] = ()
+    try:
+        lines = journal_lines(log.path.read_text(encoding="utf-8", errors="replace"))
+        name = f"{Path(log.corpus).name}/{log.file}"  # the ids do not depend on the checkout
+        ids = write_crash_loop(
+            directory, UNIT, lines, name=name, invocations=INVOCATIONS
+        ).invocation_ids
+        config, table = _config_and_table(reader)
+        outcomes = tuple(o.to_json() for o in collect(str(directory), config=config, table=table))
+    except Exception:  # reported with its traceback, never hidden: see LogRun.error
+        return LogRun(
+            log=log,
+            invocation_ids=ids,
+            outcomes=(),
+            error=traceback.format_exc(),
+            seconds=time.perf_counter() - started,
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return LogRun(
+        log=log, invocation_ids=ids, outcomes=outcomes, seconds=time.perf_counter() - started
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Score:
+    """The figures of one log's loop."""
+
+    actions: tuple[str | None, ...]  # per written invocation; None = no outcome for it
+    halted_first: bool
+    halted_at: int | None  # 1-based index of the first halt
+    restarts_wasted: int | None  # fatal logs: restarts that ran only to crash again
+    wrongly_halted: bool | None  # transient logs: any halt
+    root_ok: bool
+    no_cause: bool  # invocation 1 failed and has no root-cause line
+    root_cause: str | None  # invocation 1's verdict, as the JSON contract names it
+    verdict_severity: str | None
+    verdict_signature: str | None
+    reason: str | None  # invocation 1's decision reason
+    basis: Any = None  # verdict.basis / verdict.confidence when the pipeline gives them
+    confidence: Any = None
+    problems: tuple[str, ...] = ()  # anything not as a 5-invocation loop should come out
+
+
+def score(run: LogRun) -> Score:
+    """The figures of one run (pure: only the JSON contract's fields are read)."""
+    log = run.log
+    by_id = {o.get("invocation_id"): o for o in run.outcomes}
+    ordered = [by_id.get(i) for i in run.invocation_ids] or [None] * INVOCATIONS
+    actions = tuple((o or {}).get("decision", {}).get("action") for o in ordered)
+    halted_at = next((n for n, a in enumerate(actions, start=1) if a == "halt"), None)
+    first = ordered[0] or {}
+    verdict = first.get("verdict") or {}
+    root_cause = verdict.get("root_cause")
+    fatal, transient = log.severity == "fatal", log.severity == "transient"
+    return Score(
+        actions=actions,
+        halted_first=halted_at == 1,
+        halted_at=halted_at,
+        # Every restart after the first crash that ran only to crash again.
+        restarts_wasted=(halted_at or INVOCATIONS) - 1 if fatal else None,
+        wrongly_halted=halted_at is not None if transient else None,
+        root_ok=not log.key or (root_cause is not None and log.key in root_cause),
+        no_cause=_failed(first) and root_cause is None,
+        root_cause=root_cause,
+        verdict_severity=verdict.get("severity"),
+        verdict_signature=verdict.get("signature"),
+        reason=(first.get("decision") or {}).get("reason"),
+        basis=verdict.get("basis"),
+        confidence=verdict.get("confidence"),
+        problems=tuple(_problems(run, ordered)),
+    )
+
+
+def _failed(outcome: dict[str, Any]) -> bool:
+    """The invocation ended badly: a result other than success, or a non-zero exit status."""
+    if not outcome:
+        return False
+    return outcome.get("result") not in (None, "success") or outcome.get("exit_status") not in (
+        None,
+        0,
+    )
+
+
+def _problems(run: LogRun, ordered: Sequence[dict[str, Any] | None]) -> Iterable[str]:
+    if run.error is not None:
+        yield "the pipeline raised: " + run.error.strip().splitlines()[-1]
+        return
+    if len(run.outcomes) != len(run.invocation_ids):
+        yield f"{len(run.outcomes)} outcomes for {len(run.invocation_ids)} invocations written"
+    known = set(run.invocation_ids)
+    for outcome in run.outcomes:
+        if outcome.get("invocation_id") not in known or outcome.get("unit") != UNIT:
+            yield f"an outcome of no written invocation: {outcome.get('invocation_id')}"
+    missing = [n for n, o in enumerate(ordered, start=1) if o is None]
+    if missing and run.invocation_ids:
+        yield f"no outcome for invocation(s) {missing}"
+    restarts = [o.get("restarts") for o in ordered if o is not None]
+    if restarts != list(range(len(restarts))) and not missing:
+        yield f"restart counters {restarts}, expected 0..{len(restarts) - 1}"
+    causes = {(o.get("verdict") or {}).get("root_cause") for o in ordered if o is not None}
+    if len(causes) > 1:
+        yield f"the same lines gave {len(causes)} different root causes across invocations"
+
+
+def select(logs: Iterable[LabelledLog], pattern: str | None) -> list[LabelledLog]:
+    """The logs whose file name matches `pattern` (a glob, or else a substring)."""
+    if not pattern:
+        return list(logs)
+    if any(c in pattern for c in "*?["):
+        return [log for log in logs if fnmatch.fnmatch(log.file, pattern)]
+    return [log for log in logs if pattern in log.file]
+
+
+def run_all(logs: Sequence[LabelledLog], *, jobs: int, reader: str = "auto") -> list[LogRun]:
+    """Replay every log; `jobs` worker processes share the work."""
+    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-decisions-") as tmp:
+        work = functools.partial(replay, workdir=Path(tmp), reader=reader)
+        if jobs <= 1 or len(logs) <= 1:
+            return [work(log) for log in logs]
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(work, logs))
+
+
+def baseline_files(runs: Iterable[LogRun], scores: Sequence[Score]) -> list[str]:
+    """The fatal logs of the default corpus whose first crash halts."""
+    return sorted(
+        run.log.file
+        for run, s in zip(runs, scores, strict=True)
+        if run.log.corpus == str(CORPUS) and run.log.severity == "fatal" and s.halted_first
+    )
+
+
+def report_json(
+    runs: Sequence[LogRun],
+    scores: Sequence[Score],
+    *,
+    seconds: float,
+    argv: Sequence[str],
+    reader: str,
+) -> dict[str, Any]:
+    """Everything the run found, as one JSON object."""
+    return {
+        "command": ["python", "-m", "bench.decisions", *argv],
+        "reader": reader,
+        "corpora": sorted({run.log.corpus for run in runs}),
+        "unit": UNIT,
+        "invocations_per_loop": INVOCATIONS,
+        "seconds": round(seconds, 2),
+        "tables": {k: asdict(v) for k, v in tally_all(runs, scores).items()},
+        "logs": [
+            {
+                **asdict(run.log),
+                **asdict(s),
+                "outcomes": list(run.outcomes),
+                "error": run.error,
+                "seconds": round(run.seconds, 3),
+            }
+            for run, s in zip(runs, scores, strict=True)
+        ],
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.decisions", description=__doc__)
+    parser.add_argument("--corpus", type=Path, action="append", default=[], metavar="DIR")
+    parser.add_argument("--only", metavar="PATTERN", help="only files matching (glob/substring)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write everything as JSON")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument(
+        "--reader",
+        choices=("auto", "native", "journalctl"),
+        default="auto",
+        help="[journal] reader of the config (auto: native if it was built)",
+    )
+    parser.add_argument("--write-baseline", action="store_true", help=f"write {BASELINE.name}")
+    args = parser.parse_args(argv)
+    if args.write_baseline and args.only:
+        parser.error("--write-baseline needs every log of the corpus: drop --only")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the bench; 1 when the pipeline raised on some log, else 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    logs = [log for d in (CORPUS, *args.corpus) for log in read_index(d.resolve())]
+    logs = select(logs, args.only)
+    if not logs:
+        raise SystemExit(f"no labelled log matches {args.only!r}")
+    started = time.perf_counter()
+    runs = run_all(logs, jobs=args.jobs, reader=args.reader)
+    seconds = time.perf_counter() - started
+    scores = [score(run) for run in runs]
+    print(render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        data = report_json(runs, scores, seconds=seconds, argv=argv, reader=args.reader)
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    if args.write_baseline:
+        files = baseline_files(runs, scores)
+        payload = {
+            "about": "fatal logs of tests/data/corpus whose crash loop halts on the first crash; "
+            "written by `python -m bench.decisions --write-baseline`",
+            "halted_first": files,
+        }
+        BASELINE.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {BASELINE.relative_to(REPO)} ({len(files)} files)")
+    return 1 if any(run.error for run in runs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

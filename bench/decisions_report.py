@@ -1,0 +1,162 @@
+"""The tables and the list of misses that `python -m bench.decisions` prints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.decisions import LogRun, Score
+
+ROWS = ("vllm", "sglang", "tgi", "other", "overall")
+
+
+@dataclass(slots=True)
+class Tally:
+    """The counts of one table row."""
+
+    logs: int = 0
+    fatal: int = 0
+    fatal_halted_first: int = 0
+    restarts_wasted: int = 0
+    transient: int = 0
+    transient_halted: int = 0
+    either: int = 0
+    either_halted_first: int = 0
+    root_ok: int = 0
+    keyed: int = 0  # logs whose label has a root-cause key (the others count as right)
+    keyed_ok: int = 0
+    no_cause: int = 0
+    errors: int = 0
+
+    def add(self, run: LogRun, score: Score) -> None:
+        """Count one log."""
+        self.logs += 1
+        severity = run.log.severity
+        if severity == "fatal":
+            self.fatal += 1
+            self.fatal_halted_first += score.halted_first
+            self.restarts_wasted += score.restarts_wasted or 0
+        elif severity == "transient":
+            self.transient += 1
+            self.transient_halted += bool(score.wrongly_halted)
+        else:
+            self.either += 1
+            self.either_halted_first += score.halted_first
+        self.root_ok += score.root_ok
+        if run.log.key:
+            self.keyed += 1
+            self.keyed_ok += score.root_ok
+        self.no_cause += score.no_cause
+        self.errors += run.error is not None
+
+
+def tally_all(runs: Sequence[LogRun], scores: Sequence[Score]) -> dict[str, Tally]:
+    """One tally per engine and one overall."""
+    tallies = {row: Tally() for row in ROWS}
+    for run, score in zip(runs, scores, strict=True):
+        tallies[run.log.engine].add(run, score)
+        tallies["overall"].add(run, score)
+    return tallies
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{part} ({100 * part / whole:.0f}%)" if whole else "-"
+
+
+def table(tallies: dict[str, Tally]) -> str:
+    """The per-engine table, as Markdown (pasted as is into bench/README.md)."""
+    head = (
+        "| engine | logs | fatal loops | fatal halted on 1st crash | restarts wasted | "
+        "transient loops | transient halted | either: halted 1st / not | root cause right | "
+        "no cause (inv. 1) | pipeline errors |"
+    )
+    rows = [head, "|" + "---|" * 11]
+    for name, t in tallies.items():
+        if not t.logs and name != "overall":
+            continue
+        cells = [
+            f"**{name}**" if name == "overall" else name,
+            str(t.logs),
+            str(t.fatal),
+            _pct(t.fatal_halted_first, t.fatal),
+            str(t.restarts_wasted),
+            str(t.transient),
+            str(t.transient_halted),
+            f"{t.either_halted_first} / {t.either - t.either_halted_first}",
+            f"{_pct(t.root_ok, t.logs)}, keyed {t.keyed_ok}/{t.keyed}",
+            str(t.no_cause),
+            str(t.errors),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _what_happened(run: LogRun, score: Score) -> str:
+    actions = " ".join(a or "-" for a in score.actions)
+    if score.halted_at is None:
+        when = "never halted"
+    elif score.halted_first:
+        when = "halted on the 1st crash"
+    else:
+        when = f"halted on crash {score.halted_at}"
+    basis = f", basis {score.basis}" if score.basis is not None else ""
+    confidence = f", confidence {score.confidence}" if score.confidence is not None else ""
+    verdict = f"{score.verdict_severity} {score.verdict_signature or '-'}{basis}{confidence}"
+    return f"{when} [{actions}]; inv. 1: {verdict}: {score.reason}"
+
+
+def misses(runs: Sequence[LogRun], scores: Sequence[Score]) -> Iterator[tuple[str, str]]:
+    """(file, one paragraph) for every log whose loop did not come out as labelled."""
+    for run, score in zip(runs, scores, strict=True):
+        log = run.log
+        wrong: list[str] = []
+        if log.severity == "fatal" and not score.halted_first:
+            wrong.append(f"fatal loop not halted on the 1st crash ({score.restarts_wasted} wasted)")
+        if score.wrongly_halted:
+            wrong.append("transient loop halted")
+        if not score.root_ok:
+            wrong.append(f"root cause lacks {log.key!r}")
+        if score.no_cause:
+            wrong.append("no root-cause line")
+        wrong += score.problems
+        if not wrong:
+            continue
+        phase = f", phase {log.phase}" if log.phase else ""
+        yield (
+            log.file,
+            f"{log.file}  [{log.severity}, {log.engine}{phase}]  {'; '.join(wrong)}\n"
+            f"    happened:   {_what_happened(run, score)}\n"
+            f"    root cause: {_cut(score.root_cause)}",
+        )
+
+
+def _cut(text: str | None, limit: int = 240) -> str:
+    if text is None:
+        return "None"
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f" ... ({len(text)} chars)"
+
+
+def render(
+    runs: Sequence[LogRun], scores: Sequence[Score], *, seconds: float, jobs: int, reader: str
+) -> str:
+    """The whole printed report."""
+    corpora = sorted({run.log.corpus for run in runs})
+    out = [
+        f"{len(runs)} labelled logs from {', '.join(corpora)}: each a 5-invocation crash loop "
+        f"of vllm.service in a real journal, through supervisor.triage.collect",
+        f"{seconds:.1f} s wall with {jobs} job(s), [journal] reader = {reader!r}; "
+        f"{sum(r.seconds for r in runs) / max(len(runs), 1):.2f} s per log",
+        "",
+        table(tally_all(runs, scores)),
+        "",
+    ]
+    listed = list(misses(runs, scores))
+    out.append(f"misses ({len(listed)}):" if listed else "misses: none")
+    out += [paragraph for _, paragraph in listed]
+    errors = [run for run in runs if run.error]
+    if errors:
+        out += ["", f"pipeline errors ({len(errors)}):"]
+        out += [f"--- {run.log.file}\n{run.error.rstrip()}" for run in errors if run.error]
+    return "\n".join(out)
