@@ -28,19 +28,38 @@ memory caps or journald's rate limit are counted in the notes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from supervisor.fingerprint import fingerprint
-from supervisor.logline import Annotated, Role, TracebackBlock, annotate
+from supervisor.logline import Annotated, Role, TracebackBlock, annotate, crash_form, parse_line
 from supervisor.model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from supervisor.signatures import SignatureMatch, SignatureTable
 
-_TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WRAPPER, _TIER_CONTEXT = 3, 2, 1, 0, -1
+# A line matching a cause signature; an exception (or another crash form: a Rust panic, a usage
+# error, C++'s `what():`) no signature knows; an error-level message; a cause signature matched
+# on a warning-level line (a warning printed at import is context unless nothing else
+# explains the crash); a generic wrapper; an error logged long before the end while serving.
+_TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WARNING, _TIER_WRAPPER, _TIER_CONTEXT = (
+    5, 4, 3, 2, 1, 0,
+)  # fmt: skip
 DEFAULT_CAUSE_WINDOW_S = 120.0
+_CONFIDENCE = {
+    _TIER_CAUSE: "high",
+    _TIER_EXCEPTION: "medium",
+    _TIER_ERROR: "medium",
+    _TIER_WARNING: "low",
+    _TIER_WRAPPER: "low",
+    _TIER_CONTEXT: "low",
+}
 _MATCHED_ROLES = frozenset({Role.MESSAGE, Role.HEADER, Role.EXCEPTION, Role.DETAIL})
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+# A cause signature on a line logged below error level (a warning at import, an INFO line on
+# the KV cache) explains the crash only when no error or exception does.
+_QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
+_CODE_LIKE = re.compile(r"\s+(?:raise |return |assert |await |yield |self\.|\w+ = )")
 # The crash site is the frame a reader acts on: the model code that was running (a model's
 # layer, e.g. deepseek_v2.py building its attention), else the deepest frame of the server's own
 # code (where it called into the failing library: flashinfer, torch), else the last frame.
@@ -96,6 +115,7 @@ class Classifier:
         if context_before_us is not None:
             candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
+        best = _raised_instead(ann, best, candidates)
         return self._verdict(ann, best, crashed_blocks)
 
     def classify_invocation(self, invocation: Invocation) -> Verdict:
@@ -107,6 +127,7 @@ class Classifier:
         if invocation.served_us is not None and invocation.ended_us is not None:
             context_before = invocation.ended_us - self.cause_window_us
         verdict = self.classify(invocation.lines, context_before_us=context_before)
+        verdict = self._for_the_phase(verdict, served=invocation.served)
         if verdict.from_context:
             verdict = _prefer_the_end(verdict, invocation)
             if not invocation.failed:
@@ -120,8 +141,34 @@ class Classifier:
                 notes=(*verdict.notes, "the host rebooted (or lost power) before the unit ended"),
             )
         if invocation.failed and verdict.root_cause is None:
-            verdict = _failed_without_cause(verdict, invocation)
+            verdict = _failed_without_cause(verdict, invocation, self._is_noise)
         return dataclasses.replace(verdict, notes=(*verdict.notes, *_loss_notes(invocation)))
+
+    def _is_noise(self, text: str) -> bool:
+        match = self.table.match(text)
+        return match is not None and match.signature.kind == "noise"
+
+    def _for_the_phase(self, verdict: Verdict, *, served: bool) -> Verdict:
+        """A signature's severity for the phase it crashed in, when the table names one."""
+        signature = self.table.get(verdict.signature) if verdict.signature else None
+        if signature is None or verdict.from_context:
+            return verdict
+        severity = signature.serving_severity if served else signature.startup_severity
+        if severity is None or severity is verdict.severity:
+            return verdict
+        if severity is Severity.UNKNOWN:
+            # The table knows the crash and says its kind does not tell in this phase: no
+            # inference from its words either (determinism.assess keeps a signature's basis).
+            phase = "after serving" if served else "before the server ever served"
+            return dataclasses.replace(
+                verdict,
+                severity=severity,
+                basis="signature",
+                confidence="medium",
+                severity_reason=f"unknown (signature {signature.id}): {signature.title} "
+                f"{phase}: it may or may not recur; halted only when the same crash repeats",
+            )
+        return dataclasses.replace(verdict, severity=severity)
 
     def _block(self, ann: Annotated, index: int) -> TracebackBlock | None:
         block_id = ann.block_of[index]
@@ -136,7 +183,11 @@ class Classifier:
         if block is not None and block.ignored:
             return None
         line = ann.lines[index]
-        text = _cause_text(ann, index, block).strip()[: self.max_line_chars]
+        if role is Role.MESSAGE and _CODE_LIKE.match(line.text):
+            return None  # a source line of a traceback cut above it, not a message
+        special = crash_form(ann, index) if role is Role.MESSAGE else None
+        text = special or _with_details(ann, index, block, _cause_text(ann, index, block).strip())
+        text = text[: self.max_line_chars]
         if not text:
             return None
         frames = [ann.lines[f].text for f in block.frames] if block is not None else []
@@ -144,8 +195,18 @@ class Classifier:
         if match is None and text != line.text.strip():
             match = self.table.match(line.text.strip(), frames=frames)
         if match is not None:
-            return _from_match(index, text, match)
-        if role is Role.EXCEPTION:
+            candidate = _from_match(index, text, match)
+            if (
+                candidate is not None
+                and role is Role.MESSAGE
+                and line.level in _QUIET_LEVELS
+                and candidate.tier == _TIER_CAUSE
+            ):
+                # A cause's words in a line logged as information (a retry, a fallback) rank
+                # below an error; a traceback's last line is the exception whatever its level.
+                return dataclasses.replace(candidate, tier=_TIER_WARNING)
+            return candidate
+        if role is Role.EXCEPTION or special is not None:
             return _Candidate(_TIER_EXCEPTION, 0, index, text, None)
         if role is Role.MESSAGE and line.level in _ERROR_LEVELS and _is_prose(line.text):
             return _Candidate(_TIER_ERROR, 0, index, text, None)
@@ -172,7 +233,41 @@ class Classifier:
             crashed=True,
             notes=tuple(_notes(ann, best, crashed_blocks)),
             from_context=best.tier == _TIER_CONTEXT,
+            confidence=_CONFIDENCE[best.tier],
+            phase_hint=_phase_hint(ann, self._block(ann, best.index), crashed_blocks),
         )
+
+
+def _raised_instead(ann: Annotated, best: _Candidate, candidates: list[_Candidate]) -> _Candidate:
+    """In a chain, a message-less exception (`StopIteration`, its source line standing in for
+    a message) says less than the exception raised from it: take that one, when it has a
+    message and is not a generic wrapper."""
+    block_id = ann.block_of[best.index]
+    if block_id < 0 or ann.roles[best.index] is not Role.EXCEPTION:
+        return best
+    if ":" in ann.lines[best.index].text:
+        return best  # it has a message of its own
+    later = [
+        c
+        for c in candidates
+        if c.tier >= _TIER_EXCEPTION
+        and (b := ann.block_of[c.index]) >= 0
+        and _chained_from(ann, b, block_id)
+        and ":" in ann.lines[c.index].text
+    ]
+    return min(later, key=_Candidate.key) if later else best
+
+
+def _chained_from(ann: Annotated, block_id: int, origin: int) -> bool:
+    """True when traceback `block_id` was raised, directly or not, from traceback `origin`."""
+    seen = 0
+    current: int | None = ann.blocks[block_id].chained_from
+    while current is not None and seen < len(ann.blocks):
+        if current == origin:
+            return True
+        current = ann.blocks[current].chained_from
+        seen += 1
+    return False
 
 
 def _as_context(candidate: _Candidate, line: LogLine, before_us: int) -> _Candidate:
@@ -200,8 +295,26 @@ def _cause_text(ann: Annotated, index: int, block: TracebackBlock | None) -> str
     if code_index is None:
         return text
     code = ann.lines[code_index].text.strip()
+    if not code or code.startswith("^") or set(code) <= set("^~ "):
+        return text  # the marker under the code, not the code
     # `raise TimeoutError` repeats the class name; the bare exception line reads better.
     return text if code.startswith("raise") else code
+
+
+# An exception line that is only a header of its message (pydantic lists the errors on the
+# following lines: "  Value error, Cannot find the config file for awq [type=value_error...").
+_HEADER_MESSAGE = re.compile(r"\d+ validation errors? for \w+\s*$")
+_DETAILS_KEPT = 2
+
+
+def _with_details(ann: Annotated, index: int, block: TracebackBlock | None, text: str) -> str:
+    """A header-only exception line with the detail lines that say what is wrong."""
+    if block is None or block.exception != index or not block.details:
+        return text
+    if _HEADER_MESSAGE.search(text) is None:
+        return text
+    details = [ann.lines[i].text.strip() for i in block.details[:_DETAILS_KEPT]]
+    return f"{text}: {' '.join(d for d in details if d)}"
 
 
 def _is_prose(text: str) -> bool:
@@ -227,6 +340,40 @@ def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
         if code and not code.startswith("^"):
             site = f"{site}: {code}"
     return site
+
+
+# Functions whose frames say where the server was when it crashed. Startup wins over serving:
+# vLLM's start-up profile run goes through execute_model too.
+_STARTUP_FRAMES = re.compile(
+    r"\bin (?:load_model|load_weights|_load_weights|init_device|initialize_cache|"
+    r"initialize_from_config|determine_available_memory|determine_num_available_blocks|"
+    r"profile_run|_dummy_run|_dummy_sampler_run|capture_model|init_cuda_graphs|"
+    r"_initialize_kv_caches|init_worker|from_engine_args|from_vllm_config|"
+    r"build_async_engine_client\w*|create_engine_config|"
+    r"init_memory_pool|init_torch_distributed|init_distributed_environment|get_model|"
+    r"_init_executor|warmup\w*|compile_or_warm_up_model|<module>)\b"
+)
+_SERVING_FRAMES = re.compile(
+    r"\bin (?:run_event_loop|event_loop_normal|event_loop_overlap|get_next_batch_to_run|"
+    r"get_new_batch_prefill|run_batch|process_input_requests|handle_generate_request|"
+    r"engine_step|run_engine_loop|step_async|step|output_handler|process_outputs|"
+    r"create_chat_completion|create_completion|chat_completion_stream_generator|"
+    r"completion_stream_generator|generate|_handle_request|run_busy_loop|"
+    r"_process_input_queue|_process_engine_step|sample_tokens|execute_model)\b"
+)
+
+
+def _phase_hint(
+    ann: Annotated, block: TracebackBlock | None, crashed: list[TracebackBlock]
+) -> str | None:
+    """ "startup" or "serving" from the frames of the crash's traceback, when they tell."""
+    blocks = [block] if block is not None and block.frames else crashed
+    frames = [ann.lines[f].text for b in blocks for f in b.frames]
+    if any(_STARTUP_FRAMES.search(f) for f in frames):
+        return "startup"
+    if any(_SERVING_FRAMES.search(f) for f in frames):
+        return "serving"
+    return None
 
 
 def _deepest(ann: Annotated, frames: list[int], markers: tuple[str, ...]) -> int | None:
@@ -321,8 +468,11 @@ def _prefer_the_end(verdict: Verdict, invocation: Invocation) -> Verdict:
     )
 
 
-def _failed_without_cause(verdict: Verdict, invocation: Invocation) -> Verdict:
-    """A failed invocation always names why it is not explained: lost lines or no error line."""
+def _failed_without_cause(
+    verdict: Verdict, invocation: Invocation, is_noise: Callable[[str], bool]
+) -> Verdict:
+    """A failed invocation always names its best candidate line, and how sure that is: never
+    "No crash found". With no line at all, its lines were lost (or it printed none)."""
     if invocation.total_lines == 0 or invocation.suppressed_lines > invocation.total_lines:
         title = "Crash whose log lines were lost"
         note = (
@@ -330,18 +480,81 @@ def _failed_without_cause(verdict: Verdict, invocation: Invocation) -> Verdict:
             if invocation.total_lines == 0
             else f"journald dropped {invocation.suppressed_lines} of its lines"
         ) + " (journald's rate limit drops lines: check `Suppressed N messages` around it)"
+        cause = invocation.end_message or _how_it_ended(invocation)
     else:
         title = "Failed without an error line"
-        note = f"none of its {invocation.total_lines} lines reads as an error"
-    cause = invocation.end_message
+        guess, last = best_guess(invocation.lines, is_noise)
+        cause = guess or invocation.end_message or _how_it_ended(invocation)
+        if guess is not None:
+            note = (
+                f"none of its {invocation.total_lines} lines reads as an error; the root cause "
+                "is the last line that looks like one (a guess)"
+            )
+        else:
+            note = (
+                f"none of its {invocation.total_lines} lines reads as an error or trouble: the "
+                f"cause is not in the journal; its last line: {last or '(none)'}"
+            )
     return dataclasses.replace(
         verdict,
         title=title,
         root_cause=cause,
         crashed=True,
-        fingerprint=verdict.fingerprint,
+        confidence="low",
+        fingerprint=verdict.fingerprint or (fingerprint(cause) if cause else None),
         notes=(*verdict.notes, note),
     )
+
+
+def _how_it_ended(invocation: Invocation) -> str:
+    """PID 1's words for an exit whose message is not in the journal."""
+    code = invocation.exit_code or "exited"
+    status = "?" if invocation.exit_status is None else invocation.exit_status
+    return f"Main process {code}, status={status} (result {invocation.result or 'unknown'})"
+
+
+_MARKER_CHARS = set("^~ ")
+_TRACEBACK_GLUE = (
+    "Traceback (most recent call last)",
+    "During handling of the above exception",
+    "The above exception was the direct cause",
+)
+_LOOKS_BAD = ("rror", "ERROR", "ailed", "xception", "CRITICAL", "FATAL", "atal", "bort", "illed")
+
+
+def best_guess(
+    lines: Sequence[LogLine], is_noise: Callable[[str], bool] = lambda _: False
+) -> tuple[str | None, str | None]:
+    """The last line that looks like trouble, and the last line that says anything, both
+    without their prefixes.
+
+    Skipped: blank lines, caret markers, a traceback's frames, their source lines and its glue
+    (a traceback cut before its exception names no cause), and lines the table calls noise."""
+    texts = [parse_line(line).text.strip() for line in lines]
+    after_frame = _after_frame(texts)
+    last: str | None = None
+    for index in range(len(texts) - 1, -1, -1):
+        text = texts[index]
+        if not text or set(text) <= _MARKER_CHARS or text.startswith('File "'):
+            continue
+        if after_frame[index] or text.startswith(_TRACEBACK_GLUE) or is_noise(text):
+            continue
+        if last is None:
+            last = text
+        if any(word in text for word in _LOOKS_BAD):
+            return text, last
+    return None, last
+
+
+def _after_frame(texts: Sequence[str]) -> list[bool]:
+    """Per text: the nearest non-blank text before it is a traceback frame (`File "..."`)."""
+    flags: list[bool] = []
+    previous = ""
+    for text in texts:
+        flags.append(previous.startswith('File "'))
+        if text:
+            previous = text
+    return flags
 
 
 def _loss_notes(invocation: Invocation) -> list[str]:

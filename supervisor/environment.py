@@ -95,8 +95,21 @@ _SERVING = re.compile(
     r"|Uvicorn running on"
     r"|The server is fired up and ready to roll!"  # SGLang
     r"|(?:^|:\s)(?:Connected|Ready)$"  # TGI's router, at the end of its tracing line
+    # Requests being served: uvicorn's access log, vLLM's and SGLang's throughput lines.
+    r'|"(?:GET|POST) /(?:v1/|health|generate|metrics)\S* HTTP/[\d.]+" 200'
+    r"|Avg prompt throughput: |Avg generation throughput: "
+    r"|(?:Prefill|Decode) batch[.,] #"
 )
-_SERVING_HINTS = ("startup complete.", "Uvicorn running on", "fired up", "Connected", "Ready")
+_SERVING_HINTS = (
+    "startup complete.",
+    "Uvicorn running on",
+    "fired up",
+    "Connected",
+    "Ready",
+    "HTTP/1.1",
+    "throughput: ",
+    " batch",
+)
 
 
 class ProbeError(SupervisorError):

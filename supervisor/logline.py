@@ -43,6 +43,8 @@ _PROC = (
 )
 _RAYLET = r"(?P<raylet>\(raylet\) ?(?:\[[\d :,-]+ (?P<raylet_level>[IWEF]) \d+ \d+\] ?)?)"
 _RANK = r"(?P<rank>\[rank(?P<rank_no>\d+)\]: ?)"
+# A CI runner's `[2026-01-26T17:25:37Z] ` before everything else.
+_CI_TIME = r"(?P<citime>\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z\] )"
 _COMPOSE = r"(?P<compose>[a-zA-Z0-9][\w.-]* +\| ?)"
 
 # vLLM v1 `INFO 08-25 12:24:19 [file.py:520] ` and V0 `INFO 01-11 15:51:02 file.py:70] `.
@@ -57,10 +59,17 @@ _CUSTOM = (
 )
 # Ray's own `2025-03-21 19:23:35,946 INFO file.py:2115 -- ` (date already gone).
 _RAY = r"(?P<ray>(?P<ray_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w./-]+:\d+ -- )"
+# A cloud log export `ERROR 2024-07-26T09:57:23.184660434Z ` (level, then an RFC 3339 time).
+_CLOUD = (
+    r"(?P<cloud>(?P<cloud_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\dT"
+    r"\d\d:\d\d:\d\d(?:\.\d+)?Z )"
+)
+# Python's logging.basicConfig format `2025-03-08 02:04:48,697 - name - INFO - ` (date gone).
+_PYLOG = r"(?P<pylog>- [\w.<>-]+ - (?P<pylog_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - )"
 # SGLang `[2025-08-06 20:26:20 DP1 TP0] ` or `[TP0] `; NCCL lines add a bare `[date time] `.
 _SGLANG = (
-    r"(?P<sglang>\[(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?)? ?(?P<sglang_rank>(?:[A-Z]{2,3}"
-    r"\d+ ?)*)\] )"
+    r"(?P<sglang>\[(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?)? ?(?P<sglang_rank>"
+    r"(?:[A-Z]{2,3}\d+ ?)*)\] )"
 )
 # glog from torch `W1223 23:34:22.775000 1116 torch/utils/cpp_extension.py:2425] `.
 _GLOG = (
@@ -78,11 +87,12 @@ def _alt(*patterns: str) -> re.Pattern[str]:
 
 
 _OUTER_PAREN = _alt(_PROC, _RAYLET)
-_OUTER_BRACKET = _alt(_DMESG, _RANK)
+_OUTER_BRACKET = _alt(_DMESG, _RANK, _CI_TIME)
 _OUTER_DIGIT = _alt(_TGI, _ISO)
 _OUTER_ALPHA = _alt(_SYSLOG, _KERNEL)
 _COMPOSE_RX = re.compile(_COMPOSE)
-_INNER_LEVEL = _alt(_VLLM, _CUSTOM, _RAY, _GLOG)
+_INNER_LEVEL = _alt(_CLOUD, _VLLM, _CUSTOM, _RAY, _GLOG)
+_PYLOG_RX = re.compile(_PYLOG)
 _INNER_BRACKET = _alt(_SGLANG, _C10D)
 _NCCL_RX = re.compile(_NCCL)
 
@@ -115,6 +125,8 @@ def _match_inner(text: str, pos: int) -> re.Match[str] | None:
         m = _INNER_LEVEL.match(text, start)
     elif ch == "[":
         m = _INNER_BRACKET.match(text, start)
+    elif ch == "-":
+        m = _PYLOG_RX.match(text, start)
     if m is None and ch.isalnum() and "NCCL " in text:
         m = _NCCL_RX.match(text, start)
     return m
@@ -155,6 +167,10 @@ def _clean(raw: str) -> str:
     if text.endswith("^M"):
         text = text[:-2]
     text = text.rstrip("\r")
+    # A terminal's caret notation of ESC (`^[`), as a CI log viewer pastes colour codes.
+    # Pasted with the colour parameters lost: only the `^[` marks are left, where they stood.
+    if "^[" in text:
+        text = text.replace("^[", "")
     # Ray's colour codes arrive as ESC sequences or, pasted, as bare `[36m` ... `[0m` remnants.
     if "\x1b" in text or "[0m" in text:
         text = _ANSI.sub("", text)
@@ -184,6 +200,8 @@ def _outer(
 
 
 _INNER_LEVEL_GROUP = {
+    "cloud": "cloud_level",
+    "pylog": "pylog_level",
     "vllm": "vllm_level",
     "custom": "custom_level",
     "ray": "ray_level",
@@ -324,7 +342,8 @@ class Annotated:
     blocks: list[TracebackBlock]
 
 
-_FRAME = re.compile(r'\s*File "[^"]*"(?:, line \d+)?(?:, in \S.*)?$')
+# `File "x.py", line 12, in fn`; Python's faulthandler writes `File "x.py", line 12 in fn`.
+_FRAME = re.compile(r'\s*File "[^"]*"(?:, line \d+)?(?:,? in \S.*)?$')
 _TB_HEADER = "Traceback (most recent call last):"
 _CHAIN_MARKERS = (
     "The above exception was the direct cause of the following exception:",
@@ -475,3 +494,57 @@ class _Annotator:
 def annotate(lines: Sequence[LogLine]) -> Annotated:
     """Parse every line, de-interleave by process and reassemble the tracebacks."""
     return _Annotator(parse_lines(lines)).run()
+
+
+# Crash forms that are not Python exception lines. Each names its own cause.
+_PANIC = re.compile(
+    r"^thread '(?P<thread>[^']*)' panicked at (?:'(?P<quoted>.*)', )?(?P<at>\S+:\d+:\d+):?$"
+)
+_USAGE_ERROR = re.compile(
+    r"^[\w./-]+(?: [\w./-]+)?: error: (?:argument |unrecognized arguments|the following "
+    r"arguments are required|invalid choice|ambiguous option|expected one argument|unknown)"
+)
+_CLICK_ERROR = re.compile(
+    r"^Error: (?:No such option|No such command|Invalid value|Missing (?:argument|option)|Got "
+    r"unexpected extra argument)"
+)
+_TERMINATE = "terminate called after throwing an instance of "
+_WHAT = "what():"
+_FATAL_PYTHON = "Fatal Python error: "
+_FOLLOWING_LINES = 3  # how far a panic's message or C++'s what() may be from its first line
+
+
+def crash_form(ann: Annotated, index: int) -> str | None:
+    """The cause text when the line at `index` starts a non-Python crash form, else None.
+
+    A Rust panic (`thread 'main' panicked at src/main.rs:12:5:`, its message on the next line
+    since Rust 1.73, in quotes before that), an argparse or click usage error, C++'s
+    `terminate called after throwing an instance of 'X'` with its `what():` line, and Python's
+    faulthandler (`Fatal Python error: Segmentation fault`).
+    """
+    text = ann.lines[index].text.strip()
+    if text.startswith("thread '") and (m := _PANIC.match(text)) is not None:
+        message = m.group("quoted") or _next_text(ann, index) or ""
+        return f"{message} (Rust panic in thread '{m.group('thread')}' at {m.group('at')})"
+    if (" error: " in text and _USAGE_ERROR.match(text)) or (
+        text.startswith("Error: ") and _CLICK_ERROR.match(text)
+    ):
+        return text
+    if text.startswith(_TERMINATE):
+        what = _next_text(ann, index, startswith=_WHAT)
+        return f"{text}: {what}" if what else text
+    if text.startswith(_FATAL_PYTHON):
+        return text
+    return None
+
+
+def _next_text(ann: Annotated, index: int, *, startswith: str = "") -> str | None:
+    """A following line of the same process (within a few lines), stripped."""
+    process = ann.processes[index]
+    for later in range(index + 1, min(len(ann.lines), index + 1 + _FOLLOWING_LINES)):
+        if ann.processes[later] != process:
+            continue
+        text = ann.lines[later].text.strip()
+        if text and text.startswith(startswith):
+            return text
+    return None
