@@ -32,10 +32,14 @@ _KEYS = {
     "kind": str,
     "wrapper": bool,
     "frames": list,
+    "startup_severity": str,
+    "serving_severity": str,
 }
 _REQUIRED = ("id", "patterns", "title")
 _KINDS = ("cause", "noise")
 _SEVERITIES = {"fatal": Severity.FATAL, "transient": Severity.TRANSIENT}
+# A phase may also say "unknown": the line names the crash, not whether it repeats then.
+_PHASE_SEVERITIES = {**_SEVERITIES, "unknown": Severity.UNKNOWN}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,10 @@ class SignatureSpec:
     patterns: tuple[str, ...]
     frames: tuple[str, ...]
     notes: str | None
+    # The severity before the server ever served, and after it served, when the phase decides
+    # (an OOM while loading with the same config every time, versus one under load).
+    startup_severity: Severity | None = None
+    serving_severity: Severity | None = None
 
 
 class _Where:
@@ -167,7 +175,21 @@ def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec
         patterns=patterns,
         frames=_regex_list(raw, "frames", where, compile_),
         notes=raw.get("notes"),
+        startup_severity=_phase_severity(raw, "startup_severity", kind, where),
+        serving_severity=_phase_severity(raw, "serving_severity", kind, where),
     )
+
+
+def _phase_severity(raw: dict[str, Any], key: str, kind: str, where: _Where) -> Severity | None:
+    """An optional severity for one phase: fatal, transient or unknown, not on a noise entry."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if kind == "noise":
+        raise where.error(key, "a noise entry has no severity")
+    if value not in _PHASE_SEVERITIES:
+        raise where.error(key, f"must be fatal, transient or unknown, got {value!r}")
+    return _PHASE_SEVERITIES[value]
 
 
 def parse_table_file(path: Path, compile_: Callable[[str], Any]) -> list[SignatureSpec]:

@@ -61,6 +61,8 @@ class Signature:
     patterns: tuple[str, ...]
     frames: tuple[str, ...] = ()  # when set, a traceback frame must match one of these
     notes: str | None = None
+    startup_severity: Severity | None = None  # before the server ever served, when it differs
+    serving_severity: Severity | None = None  # after it served, when it differs
     order: int = 0  # position in the table, the last tie-breaker
     compiled: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     compiled_frames: tuple[Any, ...] = field(default=(), compare=False, repr=False)
@@ -130,9 +132,14 @@ class SignatureTable:
                 self._set.Add(pattern)
                 self._owners.append((sig_index, pattern_index))
         self._set.Compile()
+        self._by_id = {signature.id: signature for signature in self.signatures}
 
     def __len__(self) -> int:
         return len(self.signatures)
+
+    def get(self, signature_id: str) -> Signature | None:
+        """The signature with this id, if the table holds it."""
+        return self._by_id.get(signature_id)
 
     @property
     def domains(self) -> frozenset[str]:
@@ -227,6 +234,8 @@ def _build(spec: SignatureSpec, order: int) -> Signature:
         patterns=spec.patterns,
         frames=spec.frames,
         notes=spec.notes,
+        startup_severity=spec.startup_severity,
+        serving_severity=spec.serving_severity,
         order=order,
         compiled=tuple(compile_pattern(p) for p in spec.patterns),
         compiled_frames=tuple(compile_pattern(p) for p in spec.frames),
