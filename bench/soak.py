@@ -59,12 +59,17 @@ def crash_lines(kind: str, serial: int) -> list[str]:
     if kind == "fatal":
         return seed_lines()
     if kind == "transient":
-        return [NCCL.format(n=serial), "(APIServer pid=5150) ERROR Engine core proc died."]
+        # It served first: an NCCL timeout while serving is transient (before, unknown).
+        return [
+            "(APIServer pid=5150) INFO:     Application startup complete.",
+            NCCL.format(n=serial),
+            "(APIServer pid=5150) ERROR Engine core proc died.",
+        ]
     prefix = "(EngineCore_DP0 pid=6200) ERROR 11-30 11:00:09 [core.py:708]"
     return [
         f"{prefix} Traceback (most recent call last):",
         f'{prefix}   File "/opt/vllm/mod{serial}.py", line {serial}, in frobnicate',
-        f"{prefix} ZeroDivisionError: widget {serial} fell to zero",
+        f"{prefix} RuntimeError: widget {serial} fell over",
     ]
 
 

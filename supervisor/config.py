@@ -60,6 +60,12 @@ class UnitConfig:
     signature_sets: tuple[str, ...] = ()  # signature domains to use (file stems); empty = all
     health_url: str | None = None  # loopback URL that answers 2xx while the engine serves
     hang_grace_s: float = 30.0  # an engine death with the unit still active for this long = hang
+    # Halt on the first crash when its severity is inferred fatal (an ImportError, a usage
+    # error, ... before the server ever served), not only when a signature says fatal.
+    halt_inferred: bool = True
+    # An unknown crash after serving counts toward unknown_repeat_limit only when it came
+    # within this long of serving (a crash on the first request every time).
+    repeat_window_s: float = 120.0
     port: int | None = None  # the port the server binds, checked by `preflight`
     python: str | None = None  # the served unit's interpreter; default: read from ExecStart
 
@@ -259,6 +265,7 @@ def validate(config: Config) -> Config:
     for index, unit in enumerate(config.units):
         _positive(f"unit[{index}].unknown_repeat_limit", unit.unknown_repeat_limit)
         _positive(f"unit[{index}].hang_grace_s", unit.hang_grace_s)
+        _positive(f"unit[{index}].repeat_window_s", unit.repeat_window_s)
         if unit.port is not None and not 0 < unit.port < 65536:
             raise ConfigError(f"unit[{index}].port: must be 1..65535 (got {unit.port})")
         if unit.health_url is not None:

@@ -149,6 +149,14 @@ class DriftRecorder:
             return outcome
         return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
 
+    def changes(self, unit: str, invocation_id: str) -> list[str]:
+        """What changed since the last good start, as far as recorded when the crash is decided
+        (a start that crashed before its snapshot was kept has none yet: `outcome` adds it to
+        the report later, the decision goes without)."""
+        if unit not in self._units:
+            return []
+        return [str(c) for c in self.envlog.changes_since_last_good(unit, invocation_id)]
+
     def _good_if_long(self, start: _Start, started_us: int | None, ended_us: int | None) -> None:
         if start.good or started_us is None or ended_us is None:
             return
@@ -230,4 +238,5 @@ def install(
     )
     daemon.hooks.append(recorder)
     daemon.extra_tasks.append(recorder.run)
+    daemon.pipeline.drift = recorder.changes
     return recorder

@@ -203,6 +203,12 @@ class Verdict:
     notes: tuple[str, ...] = ()
     # The root cause was logged while serving, long before the end (context, not proof).
     from_context: bool = False
+    # What the severity rests on: "signature" (the table), "inferred" (the exception and the
+    # phase, supervisor.determinism), "repeated" (the policy: the same crash again), "unknown".
+    basis: str | None = None
+    confidence: str | None = None  # how sure the root-cause line is: high, medium, low
+    severity_reason: str | None = None  # one line a person can check
+    phase_hint: str | None = None  # "startup" or "serving", from the traceback's frames
 
     def to_json(self) -> dict[str, Any]:
         """The `verdict` object of the triage/history JSON contract (DESIGN.md §4)."""
@@ -216,6 +222,9 @@ class Verdict:
             "remediation": self.remediation,
             "fingerprint": self.fingerprint,
             "notes": list(self.notes),
+            "basis": self.basis,
+            "confidence": self.confidence,
+            "severity_reason": self.severity_reason,
         }
 
 

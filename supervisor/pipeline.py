@@ -14,6 +14,7 @@ import structlog
 
 from supervisor.classify import Classifier
 from supervisor.config import Config
+from supervisor.determinism import assess, phase_of
 from supervisor.lifecycle import InvocationTracker
 from supervisor.model import Invocation, JournalEntry, Outcome, Severity, Verdict
 from supervisor.policy import RestartPolicy
@@ -21,6 +22,9 @@ from supervisor.signatures import SignatureTable
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
+
+DriftLookup = Callable[[str, str], list[str]]
+"""What changed in a unit's environment since its last good start, for an invocation."""
 
 log = structlog.get_logger(__name__)
 
@@ -36,11 +40,15 @@ class Pipeline:
         policy_state: dict[str, dict[str, Any]] | None = None,
         observer: Observer | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        drift: DriftLookup | None = None,
     ) -> None:
         self.config = config
         self.tracker = InvocationTracker(config.tracker)
         self.policy = RestartPolicy(policy_state)
         self._observer = observer or (lambda outcome, seconds: None)
+        # Set by supervisor.drift when the daemon records environments: a crash no signature
+        # knows, right after the environment changed, is inferred fatal (determinism.assess).
+        self.drift = drift
         self._clock = clock
         self._classifiers: dict[str | None, Classifier] = {}
         self.table = table
@@ -122,15 +130,35 @@ class Pipeline:
                 notes=(f"classification failed: {type(exc).__name__}",),
             )
         unit = self.config.unit(invocation.unit) if invocation.unit else None
+        drift = self._drift_of(invocation)
+        phase = phase_of(invocation, self.config.drift.good_start_s, verdict.phase_hint)
+        verdict = assess(verdict, invocation, phase, drift)
         decision = self.policy.decide(
             invocation,
             verdict,
+            phase,
             unknown_repeat_limit=unit.unknown_repeat_limit if unit else 3,
+            halt_inferred=unit.halt_inferred if unit else True,
+            repeat_window_s=unit.repeat_window_s if unit else 120.0,
             dry_run=self.config.is_dry_run(invocation.unit) if invocation.unit else False,
         )
-        outcome = Outcome(invocation=invocation, verdict=verdict, decision=decision)
+        outcome = Outcome(
+            invocation=invocation, verdict=verdict, decision=decision, drift=tuple(drift)
+        )
         self._observer(outcome, self._clock() - started)
         return outcome
+
+    def _drift_of(self, invocation: Invocation) -> list[str]:
+        """The environment's changes since the unit's last good start (none without a log)."""
+        if self.drift is None or invocation.unit is None or invocation.invocation_id is None:
+            return []
+        if not invocation.failed:
+            return []
+        try:
+            return self.drift(invocation.unit, invocation.invocation_id)
+        except Exception as exc:
+            log.warning("drift_lookup_failed", unit=invocation.unit, error=str(exc))
+            return []
 
     def _classifier(self, unit: str | None) -> Classifier:
         classifier = self._classifiers.get(unit)

@@ -7,12 +7,17 @@ Rules, in order:
    systemd never restarts what a stop job ended.
 2. systemd giving up (start-limit-hit) is observed and reported.
 3. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
-4. A known fatal crash halts: the same crash recurs until a person acts.
-5. A known transient crash is allowed to restart: a restart may work.
+4. A fatal crash halts: the same crash recurs until a person acts. Fatal by a signature, or
+   inferred fatal (supervisor.determinism: a deterministic error before the server ever
+   served); the latter can be turned off per unit (`halt_inferred = false`), and then counts
+   as unknown.
+5. A transient crash (by a signature, or inferred) is allowed to restart: a restart may work.
 6. An unknown crash is allowed to restart until the same fingerprint has ended K consecutive
    invocations of the unit; then it halts (a crash that printed nothing is known by how it
-   ended: exit code, status, result). An invocation that served before it ended starts the
-   count afresh: a crash after serving is a new story.
+   ended: exit code, status, result). A crash after serving counts only when it came within
+   `repeat_window_s` of serving (the first request crashes it every time); one after longer
+   serving starts the count afresh and never halts by repetition: repeats after serving are no
+   proof of determinism.
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
@@ -25,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.determinism import Phase
 from supervisor.model import Action, Decision, Ending, Invocation, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
@@ -39,6 +45,15 @@ _NOT_A_CRASH = {
     ),
     Ending.OPEN: ("still_running", "still running at the end of the journal"),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """A unit's settings the policy applies."""
+
+    unknown_repeat_limit: int
+    halt_inferred: bool
+    repeat_window_s: float
 
 
 @dataclass(slots=True)
@@ -63,12 +78,17 @@ class RestartPolicy:
         self,
         invocation: Invocation,
         verdict: Verdict,
+        phase: Phase | None = None,
         *,
         unknown_repeat_limit: int = DEFAULT_UNKNOWN_REPEAT_LIMIT,
+        halt_inferred: bool = True,
+        repeat_window_s: float = 120.0,
         dry_run: bool = False,
     ) -> Decision:
         """The decision for one ended invocation; updates the unit's streak."""
-        decision = self._decide(invocation, verdict, unknown_repeat_limit)
+        phase = phase or Phase(served=invocation.served, ran_s=invocation.ran_s)
+        rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
+        decision = self._decide(invocation, verdict, phase, rules)
         if dry_run and decision.action is Action.HALT:
             return Decision(
                 action=Action.HALT,
@@ -76,9 +96,15 @@ class RestartPolicy:
                 dry_run=True,
                 rule=decision.rule,
             )
+        if dry_run:
+            return Decision(
+                action=decision.action, reason=decision.reason, dry_run=True, rule=decision.rule
+            )
         return decision
 
-    def _decide(self, invocation: Invocation, verdict: Verdict, limit: int) -> Decision:
+    def _decide(
+        self, invocation: Invocation, verdict: Verdict, phase: Phase, rules: _Rules
+    ) -> Decision:
         streak = self._streaks.setdefault(invocation.unit, _Streak())
         not_a_crash = _NOT_A_CRASH.get(invocation.ending)
         if not_a_crash is not None:
@@ -87,13 +113,19 @@ class RestartPolicy:
             return _observe(*not_a_crash)
         if invocation.ending is Ending.START_LIMIT:
             return _observe("start_limit", "systemd gave up restarting the unit (start-limit-hit)")
-        if invocation.served:
-            streak.fingerprint, streak.count = None, 0
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
             return _observe("clean_exit", "ended without a crash")
-        if verdict.severity is Severity.FATAL:
+        inferred = verdict.basis == "inferred"
+        if verdict.severity is Severity.FATAL and (rules.halt_inferred or not inferred):
             streak.fingerprint, streak.count = None, 0
+            if inferred:
+                return Decision(
+                    action=Action.HALT,
+                    reason=f"{verdict.severity_reason or 'fatal (inferred)'}: a restart would "
+                    "crash the same way",
+                    rule="inferred_fatal",
+                )
             return Decision(
                 action=Action.HALT,
                 reason=f"known fatal crash '{verdict.signature}': "
@@ -102,21 +134,35 @@ class RestartPolicy:
             )
         if verdict.severity is Severity.TRANSIENT:
             streak.fingerprint, streak.count = None, 0
+            what = f"'{verdict.signature}'" if verdict.signature else "(inferred)"
             return Decision(
                 action=Action.ALLOW_RESTART,
-                reason=f"transient crash '{verdict.signature}': a restart may work",
+                reason=f"transient crash {what}: a restart may work",
                 rule="transient",
             )
         fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
+        long_served = phase.served and (
+            phase.serving_s is None or phase.serving_s > rules.repeat_window_s
+        )
+        if long_served:
+            streak.fingerprint, streak.count = fingerprint, 1
+            return Decision(
+                action=Action.ALLOW_RESTART,
+                reason=f"unknown crash (fingerprint {fingerprint}) {phase.describe()}: a restart "
+                "may work, and repeats after serving are no proof",
+                rule="unknown_after_serving",
+            )
         if fingerprint == streak.fingerprint:
             streak.count += 1
         else:
             streak.fingerprint, streak.count = fingerprint, 1
+        limit = rules.unknown_repeat_limit
         if streak.count >= limit:
             return Decision(
                 action=Action.HALT,
                 reason=f"the same unknown crash (fingerprint {fingerprint}) ended "
-                f"{streak.count} consecutive invocations (limit {limit})",
+                f"{streak.count} consecutive invocations (limit {limit}), each "
+                f"{phase.describe()}",
                 rule="unknown_repeat",
             )
         return Decision(

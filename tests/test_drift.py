@@ -19,7 +19,7 @@ from supervisor.drift import DriftRecorder
 from supervisor.environment import EnvironmentLog, EnvSnapshot
 from supervisor.loader import load_table
 from supervisor.metrics import Metrics, new_registry
-from supervisor.model import JournalEntry, LifecycleEvent, Outcome
+from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
 from supervisor.notify.slack import build_payload
 from supervisor.store import Store
 from supervisor.triage import render_text, with_drift
@@ -198,6 +198,58 @@ class TestDriftRecorder:
         stop.set()
         await asyncio.wait_for(task, 5)
         assert env.pythons == []
+
+
+UNKNOWN = "RuntimeError: widget 7 fell over"  # no signature knows it, no class says either way
+
+
+async def _unknown_crash_after(daemon: Daemon, env: FakeEnv, *, upgrade: bool) -> Outcome:
+    """A good start, then (after an upgrade or not) a start that crashes on UNKNOWN while
+    loading, once its own snapshot is kept (the server loads for minutes: it always is)."""
+    journal, envlog = Journal(), EnvironmentLog(daemon.store)
+    first = [journal.line("a" * 32, "INFO:     Application startup complete.")]
+    await daemon.handle_batch([*first, *journal.ended("a" * 32, 0)])
+    await poll(lambda: envlog.for_invocation(UNIT, "a" * 32) is not None, within=10)
+    if upgrade:
+        env.packages["flashinfer-python"] = "0.6.4"
+    await daemon.handle_batch([journal.line("b" * 32, "INFO loading")])
+    await poll(lambda: envlog.for_invocation(UNIT, "b" * 32) is not None, within=10)
+    outcomes = await daemon.handle_batch(
+        [journal.line("b" * 32, UNKNOWN), *journal.ended("b" * 32, 1)]
+    )
+    (crashed,) = [o for o in outcomes if o.invocation.invocation_id == "b" * 32]
+    return crashed
+
+
+class TestDriftAsEvidence:
+    @pytest.mark.parametrize(
+        ("upgrade", "action", "rule"),
+        [
+            # A crash no signature knows, right after a package changed, before serving: the
+            # change is why it crashed, and the next start has the same packages.
+            (True, Action.HALT, "inferred_fatal"),
+            # The same crash with nothing changed: unknown, restarted until it repeats.
+            (False, Action.ALLOW_RESTART, "unknown_first"),
+        ],
+    )
+    async def test_unknown_crash_after_a_change_is_inferred_fatal(
+        self, tmp_path: Path, store: Store, upgrade: bool, action: Action, rule: str
+    ) -> None:
+        """The decision reads the drift the daemon recorded, and its reason names it."""
+        env = FakeEnv()
+        daemon, recorder = _setup(tmp_path, store, env, good_start_s=600.0)
+        daemon.pipeline.drift = recorder.changes
+        stop = asyncio.Event()
+        task = asyncio.create_task(recorder.run(stop))
+        try:
+            crashed = await _unknown_crash_after(daemon, env, upgrade=upgrade)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+        assert (crashed.decision.action, crashed.decision.rule) == (action, rule)
+        reason = crashed.verdict.severity_reason or ""
+        assert ("flashinfer-python 0.6.3 → 0.6.4" in reason) is upgrade, reason
+        assert crashed.verdict.basis == ("inferred" if upgrade else "unknown")
 
 
 class TestSlackDrift:

@@ -19,6 +19,8 @@ from supervisor.journal.writer import FieldValue, crashed_invocation
 UNIT = "vllm.service"
 NCCL_TIMEOUT = [
     "(APIServer pid=5150) INFO 11-30 10:01:03 [api_server.py:1839] vLLM API server version 0.11.0",
+    # It served (for ten minutes, by the watchdog's SeqNum): an NCCL timeout then is transient.
+    "(APIServer pid=5150) INFO:     Application startup complete.",
     "(Worker_TP1 pid=5301) [rank1]:[E1130 10:11:03.123456 5301 ProcessGroupNCCL.cpp:632] [Rank 1]"
     " Watchdog caught collective operation timeout: WorkNCCL(SeqNum=52311, OpType=ALLREDUCE,"
     " NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600081 milliseconds before"
@@ -83,8 +85,8 @@ def crash(
             f"{prefix} EngineCore failed to start.",
             f"{prefix} Traceback (most recent call last):",
             f'{prefix}   File "/opt/vllm/mod{serial}.py", line {serial}, in frobnicate',
-            f"{prefix}     raise ZeroDivisionError()",
-            f"{prefix} ZeroDivisionError: widget {serial} fell to zero",
+            f"{prefix}     raise RuntimeError(widget)",
+            f"{prefix} RuntimeError: widget {serial} fell over",
         ]
     # Each invocation's server is a process of its own, as under systemd.
     return crashed_invocation(

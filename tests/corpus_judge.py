@@ -1,0 +1,82 @@
+"""A corpus log judged as the daemon judges one failed invocation of it.
+
+The lines go in as one invocation that exited with status 1 after `STARTUP_RAN_S` (a startup
+log) or after serving `served_s` seconds (a serving log, which logged that it serves at its
+start); the classifier, `determinism.assess` and, for a decision, the policy do the rest, as
+`Pipeline.decide` does.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.classify import Classifier
+from supervisor.determinism import Phase, assess, phase_of
+from supervisor.model import Invocation, LogLine, Verdict
+
+CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
+UNIT = "vllm.service"
+GOOD_START_S = 600.0  # the shipped [drift] good_start_s
+STARTUP_RAN_S = 60.0  # a startup log's invocation ran this long before it crashed
+DEFAULT_SERVED_S = 1800.0  # a serving log without served_s
+
+
+@dataclass(frozen=True)
+class Label:
+    """One row of INDEX.tsv."""
+
+    file: str
+    severity: str  # fatal | transient | either
+    key: str  # text the root cause must contain; empty when not in the excerpt
+    served_s: float | None = None  # serving logs: how long it had served before the crash
+
+
+def labels(directory: Path = CORPUS) -> list[Label]:
+    """Every row of the corpus index."""
+    with (directory / "INDEX.tsv").open(encoding="utf-8", newline="") as handle:
+        rows = csv.DictReader(handle, delimiter="\t")
+        return [
+            Label(
+                r["file"],
+                r["expected_severity"],
+                r["root_cause_key"],
+                float(r.get("served_s") or DEFAULT_SERVED_S)
+                if r.get("phase") == "serving"
+                else None,
+            )
+            for r in rows
+        ]
+
+
+def label_of(file: str) -> Label:
+    """The label of one corpus file."""
+    (label,) = [label for label in labels() if label.file == file]
+    return label
+
+
+def invocation_of(label: Label, *, invocation_id: str = "0" * 32) -> Invocation:
+    """The log as one invocation that failed with exit status 1."""
+    text = (CORPUS / label.file).read_text(encoding="utf-8", errors="replace")
+    lines = tuple(LogLine(text=line) for line in text.splitlines())
+    ended_us = int(((label.served_s or 0) + STARTUP_RAN_S) * 1e6)
+    return Invocation(
+        unit=UNIT,
+        invocation_id=invocation_id,
+        lines=lines,
+        total_lines=len(lines),
+        exit_code="exited",
+        exit_status=1,
+        result="exit-code",
+        started_us=0,
+        served_us=None if label.served_s is None else 1,
+        ended_us=ended_us,
+    )
+
+
+def judge(classifier: Classifier, invocation: Invocation) -> tuple[Verdict, Phase]:
+    """The verdict (assessed) and phase the pipeline gives the invocation."""
+    verdict = classifier.classify_invocation(invocation)
+    phase = phase_of(invocation, GOOD_START_S, verdict.phase_hint)
+    return assess(verdict, invocation, phase), phase

