@@ -62,6 +62,13 @@ class LoopTiming:
     lines_over_s: float = 60.0  # the log's lines are spread over this long
     exit_after_s: float = 0.5  # last line to "Main process exited"
     restart_sec: float = 10.0  # RestartSec=: "Failed" to "Scheduled restart job"
+    # > 0: the server logs SERVING_LINE right after "Started" and serves this long before the
+    # log's lines (a crash while serving); 0: the log's lines are its whole life (startup).
+    served_for_s: float = 0.0
+
+
+# What uvicorn prints once vLLM's API server listens (supervisor.environment.is_serving_line).
+SERVING_LINE = "INFO:     Application startup complete."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,12 +152,17 @@ def _one_invocation(
     out.append((now, _starting(unit, invocation_id, job_id=_job_id(index))))
     now += _us(timing.started_after_s)
     out.append((now, _started(unit, invocation_id, job_id=_job_id(index))))
+    pid = 4242 + 1000 * index  # a new main process per start
+    trusted = _service_trusted(unit, invocation_id, pid)
+    if timing.served_for_s > 0:
+        (serving,) = service_lines(unit, invocation_id, [SERVING_LINE], pid=pid)
+        out.append((now + 1_000, {**serving, **trusted}))
+        now += _us(timing.served_for_s)
     first = now
     step = _us(timing.lines_over_s) // max(len(lines), 1)
-    pid = 4242 + 1000 * index  # a new main process per start
     for number, fields in enumerate(service_lines(unit, invocation_id, lines, pid=pid)):
         now = first + step * (number + 1)
-        out.append((now, {**fields, **_service_trusted(unit, invocation_id, pid)}))
+        out.append((now, {**fields, **trusted}))
     now = max(now, first + _us(timing.lines_over_s)) + _us(timing.exit_after_s)
     out.append((now, _exited(unit, invocation_id)))
     now += 1_000

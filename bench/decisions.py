@@ -9,9 +9,13 @@ root cause holds the label's key. Verdicts and decisions are read only through `
 (the JSON contract), so the bench survives rewrites of the tracker, classifier and policy.
 
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
-optionally engine, phase), `--only PATTERN` (substring or glob of file names), `--json PATH`,
-`--jobs N` (logs replayed in parallel, default 2), `--write-baseline` (the fatal logs that halt on
-the first crash, for tests/test_bench_decisions.py), `--reader auto|native|journalctl`.
+optionally engine, phase, served_s: a serving log is replayed after a serving line and that
+many seconds of serving, 1800 by default), `--only PATTERN` (substring or glob of file names),
+`--json PATH`, `--jobs N` (logs replayed in parallel, default 2), `--signatures PATH`
+(repeatable: another signature table, e.g. an older one, to tell what the table knows from what
+the rest infers), `--write-baseline` (the fatal logs that halt on the first crash and the
+transient ones halted by repetition, for tests/test_bench_decisions.py),
+`--reader auto|native|journalctl`.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.crashloop import write_crash_loop
+from bench.crashloop import LoopTiming, write_crash_loop
 from bench.decisions_report import render, tally_all
 from supervisor.app import load_table
-from supervisor.config import Config, JournalConfig, UnitConfig
+from supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
 from supervisor.signatures import SignatureTable
 from supervisor.triage import collect
 
@@ -46,6 +50,7 @@ CORPUS = REPO / "tests" / "data" / "corpus"
 BASELINE = Path(__file__).resolve().parent / "decisions_baseline.json"
 UNIT = "vllm.service"
 INVOCATIONS = 5
+DEFAULT_SERVED_S = 1800.0  # a serving log without served_s: it had served for half an hour
 ENGINES = ("vllm", "sglang", "tgi", "other")
 SEVERITIES = ("fatal", "transient", "either")
 _SGLANG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]{2}\d+)+\]")
@@ -61,6 +66,7 @@ class LabelledLog:
     key: str  # text invocation 1's root cause must contain; empty = not in the excerpt
     engine: str  # vllm | sglang | tgi | other
     phase: str | None = None
+    served_s: float = 0.0  # serving logs: how long it had served before the crash
 
     @property
     def path(self) -> Path:
@@ -100,9 +106,20 @@ def read_index(directory: Path) -> list[LabelledLog]:
                 key=row.get("root_cause_key") or "",
                 engine=engine if engine in ENGINES else "other",
                 phase=(row.get("phase") or "").strip() or None,
+                served_s=_served_s(row, directory, number),
             )
         )
     return logs
+
+
+def _served_s(row: dict[str, str], directory: Path, number: int) -> float:
+    text = (row.get("served_s") or "").strip()
+    if not text:
+        return DEFAULT_SERVED_S if (row.get("phase") or "").strip() == "serving" else 0.0
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"{directory}/INDEX.tsv:{number}: served_s {text!r}") from None
 
 
 def infer_engine(text: str) -> str:
@@ -120,18 +137,23 @@ def journal_lines(text: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-_TABLE: SignatureTable | None = None
+_TABLES: dict[tuple[Path, ...], SignatureTable] = {}
 
 
-def _config_and_table(reader: str) -> tuple[Config, SignatureTable]:
-    global _TABLE  # one table per worker process, loaded on first use
-    config = Config(units=(UnitConfig(name=UNIT),), journal=JournalConfig(reader=reader))
-    if _TABLE is None:
-        _TABLE = load_table(config)
-    return config, _TABLE
+def _config_and_table(reader: str, signatures: tuple[Path, ...]) -> tuple[Config, SignatureTable]:
+    config = Config(
+        units=(UnitConfig(name=UNIT),),
+        journal=JournalConfig(reader=reader),
+        signatures=SignaturesConfig(paths=signatures),
+    )
+    if signatures not in _TABLES:  # one table per worker process, loaded on first use
+        _TABLES[signatures] = load_table(config)
+    return config, _TABLES[signatures]
 
 
-def replay(log: LabelledLog, workdir: Path, reader: str = "auto") -> LogRun:
+def replay(
+    log: LabelledLog, workdir: Path, reader: str = "auto", signatures: tuple[Path, ...] = ()
+) -> LogRun:
     """Write the log's crash loop into a fresh journal and run it through the Pipeline."""
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix="loop-", dir=workdir))
@@ -139,10 +161,11 @@ def replay(log: LabelledLog, workdir: Path, reader: str = "auto") -> LogRun:
     try:
         lines = journal_lines(log.path.read_text(encoding="utf-8", errors="replace"))
         name = f"{Path(log.corpus).name}/{log.file}"  # the ids do not depend on the checkout
+        timing = LoopTiming(served_for_s=log.served_s)
         ids = write_crash_loop(
-            directory, UNIT, lines, name=name, invocations=INVOCATIONS
+            directory, UNIT, lines, name=name, invocations=INVOCATIONS, timing=timing
         ).invocation_ids
-        config, table = _config_and_table(reader)
+        config, table = _config_and_table(reader, signatures)
         outcomes = tuple(o.to_json() for o in collect(str(directory), config=config, table=table))
     except Exception:  # reported with its traceback, never hidden: see LogRun.error
         return LogRun(
@@ -166,6 +189,7 @@ class Score:
     actions: tuple[str | None, ...]  # per written invocation; None = no outcome for it
     halted_first: bool
     halted_at: int | None  # 1-based index of the first halt
+    halt_rule: str | None  # the policy rule of that halt (decision.rule)
     restarts_wasted: int | None  # fatal logs: restarts that ran only to crash again
     wrongly_halted: bool | None  # transient logs: any halt
     root_ok: bool
@@ -186,6 +210,7 @@ def score(run: LogRun) -> Score:
     ordered = [by_id.get(i) for i in run.invocation_ids] or [None] * INVOCATIONS
     actions = tuple((o or {}).get("decision", {}).get("action") for o in ordered)
     halted_at = next((n for n, a in enumerate(actions, start=1) if a == "halt"), None)
+    halt = (ordered[halted_at - 1] or {}).get("decision", {}) if halted_at else {}
     first = ordered[0] or {}
     verdict = first.get("verdict") or {}
     root_cause = verdict.get("root_cause")
@@ -194,6 +219,7 @@ def score(run: LogRun) -> Score:
         actions=actions,
         halted_first=halted_at == 1,
         halted_at=halted_at,
+        halt_rule=halt.get("rule"),
         # Every restart after the first crash that ran only to crash again.
         restarts_wasted=(halted_at or INVOCATIONS) - 1 if fatal else None,
         wrongly_halted=halted_at is not None if transient else None,
@@ -249,10 +275,16 @@ def select(logs: Iterable[LabelledLog], pattern: str | None) -> list[LabelledLog
     return [log for log in logs if pattern in log.file]
 
 
-def run_all(logs: Sequence[LabelledLog], *, jobs: int, reader: str = "auto") -> list[LogRun]:
+def run_all(
+    logs: Sequence[LabelledLog],
+    *,
+    jobs: int,
+    reader: str = "auto",
+    signatures: tuple[Path, ...] = (),
+) -> list[LogRun]:
     """Replay every log; `jobs` worker processes share the work."""
     with tempfile.TemporaryDirectory(prefix="vllm-supervisor-decisions-") as tmp:
-        work = functools.partial(replay, workdir=Path(tmp), reader=reader)
+        work = functools.partial(replay, workdir=Path(tmp), reader=reader, signatures=signatures)
         if jobs <= 1 or len(logs) <= 1:
             return [work(log) for log in logs]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -265,6 +297,17 @@ def baseline_files(runs: Iterable[LogRun], scores: Sequence[Score]) -> list[str]
         run.log.file
         for run, s in zip(runs, scores, strict=True)
         if run.log.corpus == str(CORPUS) and run.log.severity == "fatal" and s.halted_first
+    )
+
+
+def repeat_halted_transients(runs: Iterable[LogRun], scores: Sequence[Score]) -> list[str]:
+    """The transient logs of the default corpus that the unknown-repeat rule halts: a crash
+    with no known cause that ended K invocations in a row before serving (the replay repeats a
+    one-off crash; the policy cannot tell it from a deterministic one it cannot read)."""
+    return sorted(
+        run.log.file
+        for run, s in zip(runs, scores, strict=True)
+        if run.log.corpus == str(CORPUS) and s.wrongly_halted and s.halt_rule == "unknown_repeat"
     )
 
 
@@ -311,10 +354,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="auto",
         help="[journal] reader of the config (auto: native if it was built)",
     )
+    parser.add_argument(
+        "--signatures",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a signature table (TOML file or directory) instead of the shipped one",
+    )
     parser.add_argument("--write-baseline", action="store_true", help=f"write {BASELINE.name}")
     args = parser.parse_args(argv)
-    if args.write_baseline and args.only:
-        parser.error("--write-baseline needs every log of the corpus: drop --only")
+    if args.write_baseline and (args.only or args.signatures or args.corpus):
+        parser.error("--write-baseline is for the shipped table on tests/data/corpus alone")
     return args
 
 
@@ -327,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not logs:
         raise SystemExit(f"no labelled log matches {args.only!r}")
     started = time.perf_counter()
-    runs = run_all(logs, jobs=args.jobs, reader=args.reader)
+    signatures = tuple(p.resolve() for p in args.signatures)
+    runs = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures)
     seconds = time.perf_counter() - started
     scores = [score(run) for run in runs]
     print(render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader))
@@ -339,9 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_baseline:
         files = baseline_files(runs, scores)
         payload = {
-            "about": "fatal logs of tests/data/corpus whose crash loop halts on the first crash; "
-            "written by `python -m bench.decisions --write-baseline`",
+            "about": "fatal logs of tests/data/corpus whose crash loop halts on the first crash, "
+            "and transient logs halted only by the unknown-repeat rule; written by "
+            "`python -m bench.decisions --write-baseline`",
             "halted_first": files,
+            "transient_halted_by_repetition": repeat_halted_transients(runs, scores),
         }
         BASELINE.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {BASELINE.relative_to(REPO)} ({len(files)} files)")
