@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from supervisor import drift, hang
+from supervisor import drift, hang, port_evidence
 from supervisor.actions.actor import Actor
 from supervisor.actions.gatekeeper import GateServer, socket_path
 from supervisor.actions.halt import Halter
@@ -107,6 +107,7 @@ async def _run(
     )
     hang.install(daemon, systemd=control)
     drift.install(daemon, EnvironmentLog(store), exec_start=control.exec_start if control else None)
+    port_evidence.install(daemon)
     gates = GateServer(
         socket_path(config.state.runtime_dir),
         ready=daemon.gate_answer,

@@ -66,7 +66,7 @@ class UnitConfig:
     # An unknown crash after serving counts toward unknown_repeat_limit only when it came
     # within this long of serving (a crash on the first request every time).
     repeat_window_s: float = 120.0
-    port: int | None = None  # the port the server binds, checked by `preflight`
+    port: int | None = None  # the port the server binds: preflight, and who holds it at a crash
     python: str | None = None  # the served unit's interpreter; default: read from ExecStart
 
 

@@ -89,18 +89,7 @@ class RestartPolicy:
         phase = phase or Phase(served=invocation.served, ran_s=invocation.ran_s)
         rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
         decision = self._decide(invocation, verdict, phase, rules)
-        if dry_run and decision.action is Action.HALT:
-            return Decision(
-                action=Action.HALT,
-                reason=f"dry run, would halt: {decision.reason}",
-                dry_run=True,
-                rule=decision.rule,
-            )
-        if dry_run:
-            return Decision(
-                action=decision.action, reason=decision.reason, dry_run=True, rule=decision.rule
-            )
-        return decision
+        return as_dry_run(decision) if dry_run else decision
 
     def _decide(
         self, invocation: Invocation, verdict: Verdict, phase: Phase, rules: _Rules
@@ -183,6 +172,16 @@ class RestartPolicy:
     def forget(self, unit: str) -> None:
         """Drop a unit's streak (after `release`)."""
         self._streaks.pop(unit, None)
+
+
+def as_dry_run(decision: Decision) -> Decision:
+    """The decision as dry run reports it: marked, and a halt says it would halt."""
+    if decision.action is Action.HALT:
+        reason = f"dry run, would halt: {decision.reason}"
+        return Decision(action=Action.HALT, reason=reason, dry_run=True, rule=decision.rule)
+    return Decision(
+        action=decision.action, reason=decision.reason, dry_run=True, rule=decision.rule
+    )
 
 
 def _observe(rule: str, reason: str) -> Decision:

@@ -46,6 +46,7 @@ from supervisor.environment import (
 from supervisor.environment import diff as env_diff
 from supervisor.errors import SupervisorError
 from supervisor.gatecmd import quarantine_dirs
+from supervisor.portholder import holders
 from supervisor.quarantine import Quarantine
 from supervisor.store import Store
 
@@ -417,10 +418,12 @@ def check_port(port: int | None, lookup: Lookup) -> CheckResult:
     for host in ("0.0.0.0", "127.0.0.1"):  # noqa: S104 - a bind test, closed at once
         error = _bind_error(host, port)
         if error == errno.EADDRINUSE:
+            held = "; ".join(h.describe() for h in holders(port))
             return CheckResult(
                 check="port",
                 status=Status.FAILED,
-                detail=f"port {port} is already bound ({host}:{port})",
+                detail=f"port {port} is already bound ({host}:{port})"
+                + (f" by {held}" if held else ""),
                 identity=lookup(PORT_SIGNATURES, {"port": str(port)}),
             )
         if error is not None:

@@ -1,0 +1,170 @@
+"""A port-in-use crash, judged by who holds the port now.
+
+`Address already in use` is transient when the holder is the crashed server's own process
+still exiting (it goes with the unit's cgroup) or already gone, and fatal when the holder
+outlives the unit's restarts (an orphaned server, a manual run, another unit): each restart
+of a large model reloads its weights just to fail to bind again. Outlives means either
+
+- the holder's process started before the crashed invocation did (it was there all along and
+  its cgroup is not the unit's), or
+- the same listening socket (its inode) held the port when the invocation started (PID 1's
+  "Starting U...", read live, for a unit whose `port` is configured), or at the unit's previous
+  crash: the holder's PID may be invisible to the daemon's user (another user's open files),
+  the socket table is not.
+
+Otherwise the holder is named and the restart goes ahead. Only a crash that ended moments ago
+(`systemd.act_window_s`) is judged so; the holder today says nothing of a crash read from
+yesterday's journal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from supervisor.config import Config
+from supervisor.model import Action, Decision, JournalEntry, LifecycleEvent, Outcome, Severity
+from supervisor.policy import as_dry_run
+from supervisor.portholder import Holder, Listener, holders, listeners
+
+log = structlog.get_logger(__name__)
+
+PORT_SIGNATURES = frozenset({"port_in_use", "torch_distributed_port_in_use"})
+_PORT_IN_TEXT = (
+    re.compile(r"\('[^']*', (\d{1,5})\b"),  # uvicorn: ('0.0.0.0', 8000)
+    re.compile(r"\]:(\d{1,5})\b"),  # torch: [::]:29500
+    re.compile(r"\bport:? (\d{1,5})\b", re.IGNORECASE),
+    re.compile(r"_port at (\d{1,5})\b"),  # SGLang: metrics_port at 40290
+)
+Holders = Callable[[int], list[Holder]]
+Listeners = Callable[[int], list[Listener]]
+_LIVE_S = 5.0  # a start read later than this: the socket table now says nothing of then
+_STARTS_KEPT = 64
+
+if TYPE_CHECKING:
+    from supervisor.daemon import Daemon
+
+
+def port_of(captures: dict[str, str], root_cause: str | None, configured: int | None) -> int | None:
+    """The port the crash could not bind: the signature's capture, the message, the config."""
+    for text in (captures.get("port"), *_in_text(root_cause)):
+        if text is not None and text.isdigit() and 0 < int(text) < 65536:
+            return int(text)
+    return configured
+
+
+def _in_text(text: str | None) -> list[str]:
+    if not text:
+        return []
+    return [m.group(1) for pattern in _PORT_IN_TEXT if (m := pattern.search(text))]
+
+
+class PortEvidence:
+    """The daemon's hook: names the holder of a crash's port, and halts when it outlives the
+    unit's restarts."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        find: Holders = holders,
+        find_listeners: Listeners = listeners,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self._find = find
+        self._clock = clock
+        self._find_listeners = find_listeners
+        self._held: dict[str, set[int]] = {}  # per unit: the sockets that held its port
+        # Per (unit, invocation): the sockets on its port when it started.
+        self._at_start: OrderedDict[tuple[str, str], set[int]] = OrderedDict()
+
+    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
+        """Note who listens on a unit's port when PID 1 starts it (read live: one read of the
+        socket table, no process scan); entries pass unchanged."""
+        for entry in batch:
+            if not entry.from_pid1 or entry.message_id != LifecycleEvent.STARTING.value:
+                continue
+            if entry.unit is None or entry.invocation_id is None:
+                continue
+            port = self.config.unit(entry.unit).port
+            if port is None or self._clock() - entry.realtime_us / 1e6 > _LIVE_S:
+                continue
+            try:
+                inodes = {s.inode for s in self._find_listeners(port)}
+            except OSError:
+                continue
+            self._at_start[(entry.unit, entry.invocation_id)] = inodes
+            while len(self._at_start) > _STARTS_KEPT:
+                self._at_start.popitem(last=False)
+        return batch
+
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config: units, ports, dry run."""
+        self.config = config
+
+    async def outcome(self, outcome: Outcome) -> Outcome:
+        """The outcome with the port's holder named, and a halt when it outlives restarts."""
+        verdict, inv = outcome.verdict, outcome.invocation
+        if verdict.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
+            return outcome
+        if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
+            return outcome  # history: who holds the port now says nothing about then
+        port = port_of(dict(verdict.captures), verdict.root_cause, self.config.unit(inv.unit).port)
+        if port is None:
+            return outcome
+        try:
+            found = [h for h in self._find(port) if h.unit != inv.unit]
+        except OSError as exc:
+            log.warning("port_holder_lookup_failed", unit=inv.unit, port=port, error=str(exc))
+            return outcome
+        before = self._held.get(inv.unit, set()) | self._at_start.pop(
+            (inv.unit, inv.invocation_id or ""), set()
+        )
+        self._held[inv.unit] = {h.inode for h in found}
+        if not found:
+            return _noted(outcome, f"port {port} is not held by another process now")
+        named = "; ".join(h.describe() for h in found)
+        started = None if inv.started_us is None else inv.started_us / 1e6
+        older = [h for h in found if h.started is not None and started and h.started < started]
+        again = [h for h in found if h.inode in before]
+        if not (older or again):
+            return _noted(
+                outcome,
+                f"port {port} held by {named}; halted if it still holds it at the next crash",
+            )
+        reason = (
+            f"fatal: port {port} is held by {named}, which was there before this start and "
+            f"outlives the unit's restarts: stop it, then `vllm-supervisor release {inv.unit}`"
+        )
+        log.info("port_held", unit=inv.unit, port=port, holders=named)
+        decision = Decision(action=Action.HALT, reason=reason, rule="port_held")
+        if self.config.is_dry_run(inv.unit):
+            decision = as_dry_run(decision)
+        held = dataclasses.replace(
+            verdict,
+            severity=Severity.FATAL,
+            basis="inferred",
+            confidence="high" if older else "medium",
+            severity_reason=reason,
+            notes=(*verdict.notes, f"port {port} held by {named}"),
+        )
+        return dataclasses.replace(outcome, verdict=held, decision=decision)
+
+
+def _noted(outcome: Outcome, note: str) -> Outcome:
+    verdict = dataclasses.replace(outcome.verdict, notes=(*outcome.verdict.notes, note))
+    return dataclasses.replace(outcome, verdict=verdict)
+
+
+def install(daemon: Daemon) -> PortEvidence:
+    """Add the port hook to `daemon`."""
+    hook = PortEvidence(daemon.config)
+    daemon.hooks.append(hook)
+    return hook
