@@ -138,7 +138,11 @@ class Daemon:
         self.boot_id = local_boot_id()
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
-            config, table, policy_state=store.load_unit_states(), observer=metrics.outcome
+            config,
+            table,
+            policy_state=store.load_unit_states(),
+            observer=metrics.outcome,
+            on_skip=lambda: metrics.entry_invalid("pipeline_error"),
         )
         self.reader = JournalctlReader(
             self._reader_settings(),

@@ -43,7 +43,7 @@ NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "drop
 
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
-HALT_REASONS = ("fatal_signature", "unknown_repeat", "inferred_fatal", "other")
+HALT_REASONS = ("fatal_signature", "unknown_repeat", "inferred_fatal", "port_held", "other")
 HALT_FAILED_REASONS = (
     "timeout",
     "access_denied",

@@ -41,6 +41,7 @@ class Pipeline:
         observer: Observer | None = None,
         clock: Callable[[], float] = time.perf_counter,
         drift: DriftLookup | None = None,
+        on_skip: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.tracker = InvocationTracker(config.tracker)
@@ -54,6 +55,7 @@ class Pipeline:
         self.table = table
         self._units = frozenset(u.name for u in config.units)
         self.skipped_entries = 0  # entries or invocations whose handling raised (logged)
+        self._on_skip = on_skip or (lambda: None)  # the daemon counts them in a metric
 
     def reload(self, table: SignatureTable, config: Config | None = None) -> None:
         """Use a new signature table (and config: units, per-unit settings) from now on."""
@@ -87,6 +89,7 @@ class Pipeline:
 
     def _skipped(self, entry: JournalEntry, exc: Exception) -> None:
         self.skipped_entries += 1
+        self._on_skip()
         log.error(
             "entry_skipped",
             cursor=entry.cursor,
@@ -114,6 +117,7 @@ class Pipeline:
             verdict = self._classifier(invocation.unit).classify_invocation(invocation)
         except Exception as exc:
             self.skipped_entries += 1
+            self._on_skip()
             log.error(
                 "classification_failed",
                 unit=invocation.unit,

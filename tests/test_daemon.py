@@ -18,6 +18,7 @@ from supervisor.demo import DEMO_UNIT, demo_config, seed_lines
 from supervisor.journal.writer import JournalWriter, crashed_invocation
 from supervisor.loader import load_table
 from supervisor.metrics import Metrics, new_registry
+from supervisor.model import Invocation, JournalEntry
 from supervisor.quarantine import Quarantine
 from supervisor.store import Store
 
@@ -136,3 +137,41 @@ async def test_cursor_only_batches_commit_at_most_each_interval_and_when_quiet(
     # ~200 one-line batches in about a second: a handful of commits, not one per batch.
     assert 1 <= lines_commits <= 6, commits
     assert len(commits) >= lines_commits + 1
+
+
+async def test_an_entry_whose_handling_raises_is_counted_and_skipped(tmp_path: Path) -> None:
+    """The last guard: an exception while tracking one entry (injected: the tracker is total)
+    is counted in journal_entries_invalid_total{reason="pipeline_error"}, and the entries after
+    it, read from a real journal, are still handled."""
+    config = _config(tmp_path)
+    store = Store.in_directory(config.state.state_dir)
+    metrics = Metrics(new_registry(process=False))
+    daemon = Daemon(config, load_table(config), store=store, metrics=metrics)
+    feed = daemon.pipeline.tracker.feed
+    calls = 0
+
+    def first_one_raises(entry: JournalEntry) -> list[Invocation]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected")
+        return feed(entry)
+
+    daemon.pipeline.tracker.feed = first_one_raises  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    with JournalWriter(config.journal.directory) as writer:
+        writer.write(crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1))
+        task = asyncio.create_task(daemon.run(stop))
+        try:
+            await poll(lambda: task.done() or store.history(), within=30, each=writer.nudge)
+            assert not task.done(), task
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    skipped = metrics.registry.get_sample_value(
+        "vllm_supervisor_journal_entries_invalid_total", {"reason": "pipeline_error"}
+    )
+    (crash,) = store.history()
+    store.close()
+    assert skipped == 1.0
+    assert crash["verdict"]["signature"] == "flashinfer_cubin_mismatch"
