@@ -127,7 +127,6 @@ class Classifier:
         if invocation.served_us is not None and invocation.ended_us is not None:
             context_before = invocation.ended_us - self.cause_window_us
         verdict = self.classify(invocation.lines, context_before_us=context_before)
-        verdict = self._for_the_phase(verdict, served=invocation.served)
         if verdict.from_context:
             verdict = _prefer_the_end(verdict, invocation)
             if not invocation.failed:
@@ -148,14 +147,19 @@ class Classifier:
         match = self.table.match(text)
         return match is not None and match.signature.kind == "noise"
 
-    def _for_the_phase(self, verdict: Verdict, *, served: bool) -> Verdict:
-        """A signature's severity for the phase it crashed in, when the table names one."""
+    def for_the_phase(self, verdict: Verdict, *, served: bool) -> Verdict:
+        """A signature's severity for the phase it crashed in, when the table names one
+        (`served` as determinism.phase_of says it: a serving line, good_start_s, the frames).
+        Applied once, after classify_invocation; a severity the classifier withheld (a cause
+        logged long before the end, or on a warning line) stays withheld."""
         signature = self.table.get(verdict.signature) if verdict.signature else None
-        if signature is None or verdict.from_context:
+        if signature is None or verdict.from_context or verdict.severity is Severity.UNKNOWN:
             return verdict
         severity = signature.serving_severity if served else signature.startup_severity
         if severity is None or severity is verdict.severity:
             return verdict
+        if severity is Severity.FATAL and verdict.confidence == "low":
+            return verdict  # a weak line (a warning, a wrapper) is never made fatal
         if severity is Severity.UNKNOWN:
             # The table knows the crash and says its kind does not tell in this phase: no
             # inference from its words either (determinism.assess keeps a signature's basis).
@@ -351,7 +355,7 @@ _STARTUP_FRAMES = re.compile(
     r"_initialize_kv_caches|init_worker|from_engine_args|from_vllm_config|"
     r"build_async_engine_client\w*|create_engine_config|"
     r"init_memory_pool|init_torch_distributed|init_distributed_environment|get_model|"
-    r"_init_executor|warmup\w*|compile_or_warm_up_model|<module>)\b"
+    r"_init_executor|warmup\w*|compile_or_warm_up_model)\b"
 )
 _SERVING_FRAMES = re.compile(
     r"\bin (?:run_event_loop|event_loop_normal|event_loop_overlap|get_next_batch_to_run|"
@@ -484,6 +488,9 @@ def _failed_without_cause(
     else:
         title = "Failed without an error line"
         guess, last = best_guess(invocation.lines, is_noise)
+        if invocation.oom_killed or invocation.exit_code in ("killed", "dumped"):
+            # A signal or the OOM killer ended it: that is the cause the journal knows.
+            guess, last = None, guess or last
         cause = guess or invocation.end_message or _how_it_ended(invocation)
         if guess is not None:
             note = (
@@ -519,7 +526,10 @@ _TRACEBACK_GLUE = (
     "During handling of the above exception",
     "The above exception was the direct cause",
 )
-_LOOKS_BAD = ("rror", "ERROR", "ailed", "xception", "CRITICAL", "FATAL", "atal", "bort", "illed")
+_LOOKS_BAD = re.compile(
+    r"(?:Error|Exception)\b|\b(?:[Ee]rrors?|ERROR|[Ff]ail(?:ed|ure|s)?|CRITICAL|FATAL|[Ff]atal|"
+    r"[Aa]bort(?:ed|ing)?|[Kk]illed|panicked|[Ss]egmentation fault)\b"
+)
 
 
 def best_guess(
@@ -541,7 +551,7 @@ def best_guess(
             continue
         if last is None:
             last = text
-        if any(word in text for word in _LOOKS_BAD):
+        if _LOOKS_BAD.search(text):
             return text, last
     return None, last
 

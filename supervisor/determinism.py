@@ -7,19 +7,20 @@ knows about an ended invocation:
   crash during startup repeats with the same config and packages; one after hours of serving is
   more likely load- or request-triggered.
 - *the exception*: classes that do not change between attempts with the same inputs (an import
-  error, an undefined symbol, AttributeError, TypeError, KeyError or a shape error while loading
-  weights, AssertionError, NotImplementedError, ValueError and pydantic's validation errors, an
-  argparse usage error, a missing model path, a Rust panic before serving, a linker or compiler
-  error) versus those that can change (connection errors, timeouts, NCCL timeouts, an OOM under
-  load).
+  error, an undefined symbol, AttributeError, TypeError, KeyError, a shape error, AssertionError,
+  NotImplementedError, ValueError and pydantic's validation errors, a usage error, a missing
+  model path, a Rust panic in `main`, a linker or compiler error), before the server ever
+  served, versus those that can change (connection errors, timeouts). Both kinds in one line,
+  a guessed line (no error line at all), or a run whose start was not read: no inference.
 - *drift*: a change in the served environment since the last good start.
 - *repetition* is the policy's (supervisor.policy): the same fingerprint ending consecutive
   invocations, each within the same short time of starting.
 
 `assess` turns a verdict whose severity no signature settled into an inferred one, and says
-why in one line a person can check ("fatal (inferred): KeyError while loading weights, before the
-server ever served"). A signature's severity stands (the table may name another one for a phase:
-`startup_severity`, `serving_severity`); an unknown crash after serving stays unknown.
+why in one line a person can check ("fatal (inferred): KeyError before the server ever served:
+the same inputs raise it again"). A signature's severity stands (the table may name another
+one for a phase: `startup_severity`, `serving_severity`); an unknown crash after serving
+stays unknown.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from supervisor.model import Invocation, Severity, Verdict
 
+if TYPE_CHECKING:
+    from supervisor.classify import Classifier
+
+_MAX_CAUSE_CHARS = 4096  # the classifier's own cap on a root-cause line
 # argparse's and clap's (TGI's launcher) usage errors.
 _USAGE_ERROR = (
     r"\berror: (?:argument |unrecognized arguments|the following (?:required )?arguments|"
@@ -60,7 +66,8 @@ _INDETERMINATE = re.compile(
     r"|[Tt]imed? ?out|[Tt]emporary failure in name resolution|Name or service not known|"
     r"Connection (?:refused|reset|closed)|Network is unreachable|[Ww]atchdog|"
     r"(?:[Cc]ouldn't|[Cc]ould not|[Ff]ailed to|[Uu]nable to) connect to|"
-    r"\b50[234]\b.*(?:Server Error|Gateway|Unavailable)"
+    r"[Cc]heck your (?:internet )?connection|Internet connection is|"
+    r"\b50[234]\b[^\n]{0,80}?(?:Server Error|Gateway|Unavailable)"
 )
 
 
@@ -71,6 +78,7 @@ class Phase:
     served: bool
     ran_s: float | None = None  # from its first entry to its end
     serving_s: float | None = None  # from its first serving line to its end, when known
+    start_seen: bool = True  # False: read from the journal's middle, its start unknown
 
     def describe(self) -> str:
         """In words: before the server ever served, or after serving for how long."""
@@ -91,7 +99,20 @@ def phase_of(invocation: Invocation, good_start_s: float, hint: str | None = Non
     served = invocation.served or (ran is not None and ran >= good_start_s)
     if not served and hint == "serving":
         served = True
-    return Phase(served=served, ran_s=ran, serving_s=serving_s)
+    return Phase(served=served, ran_s=ran, serving_s=serving_s, start_seen=invocation.start_seen)
+
+
+def judge(
+    classifier: Classifier, invocation: Invocation, good_start_s: float, drift: Sequence[str] = ()
+) -> tuple[Verdict, Phase]:
+    """The whole judgement of an ended invocation, as the pipeline makes it: the classifier's
+    verdict, the phase, the signature's severity for that phase, then `assess`."""
+    verdict = classifier.classify_invocation(invocation)
+    phase = phase_of(invocation, good_start_s, verdict.phase_hint)
+    # A start not read counts as served for a signature's phase severity: a startup-only
+    # "fatal" is for a crash known to be one of startup.
+    verdict = classifier.for_the_phase(verdict, served=phase.served or not phase.start_seen)
+    return assess(verdict, invocation, phase, drift), phase
 
 
 def assess(
@@ -111,9 +132,21 @@ def assess(
     if not (invocation.failed or verdict.crashed) or verdict.from_context:
         return verdict
     if verdict.basis == "signature":
-        return verdict  # the table's word for this phase: unknown (classify._for_the_phase)
-    cause = verdict.root_cause or ""
+        return verdict  # the table's word for this phase: unknown (classify.for_the_phase)
+    cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     kind = _exception_kind(cause)
+    if not phase.served and not phase.start_seen:
+        return _unknown(
+            verdict,
+            f"unknown: {kind or 'a crash'} of a run whose start was not in the journal read "
+            "(how long it ran, and whether it served, are not known)",
+        )
+    if verdict.confidence == "low":
+        return _unknown(
+            verdict,
+            f"unknown: no error line names the cause ({kind or 'a guess'}) "
+            f"{phase.describe()}; halted only when the same crash repeats",
+        )
     if phase.served:
         return dataclasses.replace(
             verdict,
@@ -122,7 +155,14 @@ def assess(
             severity_reason=f"unknown: {kind or 'a crash'} {phase.describe()}: a restart may "
             "work, and repeats after serving are no proof",
         )
-    if _INDETERMINATE.search(cause) and not _DETERMINISTIC.search(cause):
+    deterministic, indeterminate = _DETERMINISTIC.search(cause), _INDETERMINATE.search(cause)
+    if deterministic and indeterminate:
+        return _unknown(
+            verdict,
+            f"unknown: {kind or 'an error'} {phase.describe()} that reads as both a "
+            "deterministic error and a network or timeout one; halted only when it repeats",
+        )
+    if indeterminate:
         return dataclasses.replace(
             verdict,
             severity=Severity.TRANSIENT,
@@ -131,7 +171,7 @@ def assess(
             severity_reason=f"transient (inferred): {kind or 'a network or timeout error'} "
             f"{phase.describe()}: a restart may not meet it again",
         )
-    if _DETERMINISTIC.search(cause):
+    if deterministic:
         return dataclasses.replace(
             verdict,
             severity=Severity.FATAL,
@@ -149,12 +189,16 @@ def assess(
             severity_reason=f"fatal (inferred): a crash {phase.describe()}, right after the "
             f"environment changed{changed}",
         )
-    return dataclasses.replace(
+    return _unknown(
         verdict,
-        basis="unknown",
-        confidence=verdict.confidence or "low",
-        severity_reason=f"unknown: {kind or 'no known error'} {phase.describe()}; halted only "
-        "when the same crash repeats",
+        f"unknown: {kind or 'no known error'} {phase.describe()}; halted only when the same "
+        "crash repeats",
+    )
+
+
+def _unknown(verdict: Verdict, reason: str) -> Verdict:
+    return dataclasses.replace(
+        verdict, basis="unknown", confidence=verdict.confidence or "low", severity_reason=reason
     )
 
 

@@ -167,6 +167,7 @@ class _Builder:
     ending: Ending | None = None  # None while it runs
     stop_requested: bool = False
     main_started: bool = False
+    start_seen: bool = False  # PID 1's "Starting"/"Started" of it was read
     control_killed: bool = False  # a control process (the gate) was killed before the main ran
     served_us: int | None = None
     end_message: str | None = None
@@ -269,6 +270,7 @@ class _Builder:
             boot_id=self.boot_id,
             stop_requested=self.stop_requested,
             main_started=self.main_started,
+            start_seen=self.start_seen,
             served_us=self.served_us,
             end_message=self.end_message,
             restart_of=self.restart_of,
@@ -420,6 +422,8 @@ class InvocationTracker:
                 ended += self._supersede(key, track, invocation_id)
                 builder = self._begin(key, track, entry)
         builder.touch(entry)
+        if event in (_STARTING, _STARTED):
+            builder.start_seen = True
         if builder.ending is not None or event == _STARTING:
             return ended  # already ended (only waiting for late lines), or just begun
         if event == _STARTED:

@@ -144,6 +144,10 @@ class Invocation:
     boot_id: str | None = None
     stop_requested: bool = False  # a stop or restart job began while it ran (a person, a tool)
     main_started: bool = False  # its main process ran (PID 1's "Started", or its exit was logged)
+    # PID 1's "Starting"/"Started" of it was read. False: the journal was read from its middle
+    # (the daemon attached to a running server): how long it ran and whether it served are not
+    # known, so nothing is inferred from "before the server ever served".
+    start_seen: bool = True
     served_us: int | None = None  # when it first logged that it serves (None: it never did)
     restart_of: str | None = None  # the invocation systemd restarted automatically into this one
     restart_scheduled: int | None = None  # N of "Scheduled restart job, restart counter is at N"

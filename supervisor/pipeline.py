@@ -14,7 +14,7 @@ import structlog
 
 from supervisor.classify import Classifier
 from supervisor.config import Config
-from supervisor.determinism import assess, phase_of
+from supervisor.determinism import judge, phase_of
 from supervisor.lifecycle import InvocationTracker
 from supervisor.model import Invocation, JournalEntry, Outcome, Severity, Verdict
 from supervisor.policy import RestartPolicy
@@ -113,8 +113,12 @@ class Pipeline:
     def decide(self, invocation: Invocation) -> Outcome:
         """Classify one ended invocation and apply the policy."""
         started = self._clock()
+        unit = self.config.unit(invocation.unit) if invocation.unit else None
+        drift = self._drift_of(invocation)
+        good_start_s = self.config.drift.good_start_s
         try:
-            verdict = self._classifier(invocation.unit).classify_invocation(invocation)
+            classifier = self._classifier(invocation.unit)
+            verdict, phase = judge(classifier, invocation, good_start_s, drift)
         except Exception as exc:
             self.skipped_entries += 1
             self._on_skip()
@@ -133,10 +137,7 @@ class Pipeline:
                 crashed=invocation.failed,
                 notes=(f"classification failed: {type(exc).__name__}",),
             )
-        unit = self.config.unit(invocation.unit) if invocation.unit else None
-        drift = self._drift_of(invocation)
-        phase = phase_of(invocation, self.config.drift.good_start_s, verdict.phase_hint)
-        verdict = assess(verdict, invocation, phase, drift)
+            phase = phase_of(invocation, good_start_s)
         decision = self.policy.decide(
             invocation,
             verdict,

@@ -10,7 +10,8 @@ Rules, in order:
 4. A fatal crash halts: the same crash recurs until a person acts. Fatal by a signature, or
    inferred fatal (supervisor.determinism: a deterministic error before the server ever
    served); the latter can be turned off per unit (`halt_inferred = false`), and then counts
-   as unknown.
+   as unknown. A fatal crash after the server served longer than `repeat_window_s` is
+   restarted (`fatal_after_serving`): the same start served, the evidence disagrees.
 5. A transient crash (by a signature, or inferred) is allowed to restart: a restart may work.
 6. An unknown crash is allowed to restart until the same fingerprint has ended K consecutive
    invocations of the unit; then it halts (a crash that printed nothing is known by how it
@@ -105,7 +106,23 @@ class RestartPolicy:
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
             return _observe("clean_exit", "ended without a crash")
+        fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
+        long_served = phase.served and (
+            phase.serving_s is None or phase.serving_s > rules.repeat_window_s
+        )
         inferred = verdict.basis == "inferred"
+        if verdict.severity is Severity.FATAL and long_served:
+            # A crash the table calls fatal, after the server served for long: the evidence
+            # disagrees (the same start served). Restart; if it crashes again right after
+            # serving, that crash halts.
+            streak.fingerprint, streak.count = None, 0
+            return Decision(
+                action=Action.ALLOW_RESTART,
+                reason=f"'{verdict.signature or 'fatal (inferred)'}' {phase.describe()}: "
+                "the same start served, so a restart may work; a repeat right after "
+                "serving halts",
+                rule="fatal_after_serving",
+            )
         if verdict.severity is Severity.FATAL and (rules.halt_inferred or not inferred):
             streak.fingerprint, streak.count = None, 0
             if inferred:
@@ -129,12 +146,8 @@ class RestartPolicy:
                 reason=f"transient crash {what}: a restart may work",
                 rule="transient",
             )
-        fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
-        long_served = phase.served and (
-            phase.serving_s is None or phase.serving_s > rules.repeat_window_s
-        )
         if long_served:
-            streak.fingerprint, streak.count = fingerprint, 1
+            streak.fingerprint, streak.count = None, 0  # the count starts afresh
             return Decision(
                 action=Action.ALLOW_RESTART,
                 reason=f"unknown crash (fingerprint {fingerprint}) {phase.describe()}: a restart "

@@ -13,12 +13,19 @@ of a large model reloads its weights just to fail to bind again. Outlives means 
   the socket table is not.
 
 Otherwise the holder is named and the restart goes ahead. Only a crash that ended moments ago
-(`systemd.act_window_s`) is judged so; the holder today says nothing of a crash read from
-yesterday's journal.
+(`systemd.act_window_s`), on this host, that the policy would restart, whose cause is the bind
+error itself (not a warning, not a line logged long before) and that never logged it serves,
+is judged so; the holder today says nothing of a crash read from yesterday's journal.
+
+Under the shipped hardened unit (its own user, PrivateUsers=yes) a holder of another user has
+no visible PID: the socket's identity is the evidence, and a leftover of the unit's own
+previous run (KillMode=process) counts as a holder that outlived a restart, which it did.
+`halt_inferred = false` turns the halt into a note.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
@@ -76,8 +83,10 @@ class PortEvidence:
         find: Holders = holders,
         find_listeners: Listeners = listeners,
         clock: Callable[[], float] = time.time,
+        machine_id: str | None = None,
     ) -> None:
         self.config = config
+        self._machine_id = machine_id  # the host whose /proc this is
         self._find = find
         self._clock = clock
         self._find_listeners = find_listeners
@@ -111,16 +120,17 @@ class PortEvidence:
 
     async def outcome(self, outcome: Outcome) -> Outcome:
         """The outcome with the port's holder named, and a halt when it outlives restarts."""
-        verdict, inv = outcome.verdict, outcome.invocation
-        if verdict.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
+        if not self._judged_here(outcome):
             return outcome
-        if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
-            return outcome  # history: who holds the port now says nothing about then
-        port = port_of(dict(verdict.captures), verdict.root_cause, self.config.unit(inv.unit).port)
+        verdict, inv = outcome.verdict, outcome.invocation
+        assert inv.unit is not None  # noqa: S101 - _judged_here checked it
+        unit = self.config.unit(inv.unit)
+        port = port_of(dict(verdict.captures), verdict.root_cause, unit.port)
         if port is None:
             return outcome
         try:
-            found = [h for h in self._find(port) if h.unit != inv.unit]
+            # A scan of /proc/*/fd: off the event loop, the gates wait on it.
+            found = [h for h in await asyncio.to_thread(self._find, port) if h.unit != inv.unit]
         except OSError as exc:
             log.warning("port_holder_lookup_failed", unit=inv.unit, port=port, error=str(exc))
             return outcome
@@ -131,14 +141,21 @@ class PortEvidence:
         if not found:
             return _noted(outcome, f"port {port} is not held by another process now")
         named = "; ".join(h.describe() for h in found)
-        started = None if inv.started_us is None else inv.started_us / 1e6
-        older = [h for h in found if h.started is not None and started and h.started < started]
+        older = [
+            h
+            for h in found
+            if h.started is not None
+            and inv.started_us is not None
+            and h.started < inv.started_us / 1e6
+        ]
         again = [h for h in found if h.inode in before]
         if not (older or again):
             return _noted(
                 outcome,
                 f"port {port} held by {named}; halted if it still holds it at the next crash",
             )
+        if not unit.halt_inferred:
+            return _noted(outcome, f"port {port} held by {named}, there before this start")
         reason = (
             f"fatal: port {port} is held by {named}, which was there before this start and "
             f"outlives the unit's restarts: stop it, then `vllm-supervisor release {inv.unit}`"
@@ -157,6 +174,25 @@ class PortEvidence:
         )
         return dataclasses.replace(outcome, verdict=held, decision=decision)
 
+    def _judged_here(self, outcome: Outcome) -> bool:
+        """A port-in-use crash of a start on this host that just ended, which the policy would
+        restart, whose cause is the bind error itself (not a warning or an old line), before
+        the server logged it serves: only then does the holder now tell about it."""
+        verdict, inv, decision = outcome.verdict, outcome.invocation, outcome.decision
+        if verdict.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
+            return False
+        if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
+            return False  # history: who holds the port now says nothing about then
+        if inv.host is not None and self._machine_id is not None and inv.host != self._machine_id:
+            return False  # another host's crash: this host's /proc says nothing of it
+        if decision.action is not Action.ALLOW_RESTART or not inv.failed:
+            return False  # an operator stop, a skip, a halt already: nothing to add
+        if verdict.from_context or verdict.confidence == "low":
+            return False
+        # A server that logged it serves had bound its port (a long load is not serving: a
+        # large model may load for 10+ minutes, then fail to bind).
+        return not inv.served
+
 
 def _noted(outcome: Outcome, note: str) -> Outcome:
     verdict = dataclasses.replace(outcome.verdict, notes=(*outcome.verdict.notes, note))
@@ -165,6 +201,6 @@ def _noted(outcome: Outcome, note: str) -> Outcome:
 
 def install(daemon: Daemon) -> PortEvidence:
     """Add the port hook to `daemon`."""
-    hook = PortEvidence(daemon.config)
+    hook = PortEvidence(daemon.config, machine_id=daemon.machine_id)
     daemon.hooks.append(hook)
     return hook

@@ -171,7 +171,10 @@ def process_start(stat: str, boot: str, ticks_per_s: int) -> float | None:
     """Epoch seconds of a process's start from its stat line and the system's /proc/stat."""
     _, _, after_comm = stat.rpartition(")")  # the command may hold spaces and parentheses
     fields = after_comm.split()
-    btime = next((line.split()[1] for line in boot.splitlines() if line.startswith("btime ")), None)
+    btime = None
+    for words in map(str.split, boot.splitlines()):
+        if len(words) == 2 and words[0] == "btime":
+            btime = words[1]
     if len(fields) < 20 or btime is None or ticks_per_s <= 0:
         return None
     try:

@@ -9,11 +9,13 @@ start); the classifier, `determinism.assess` and, for a decision, the policy do 
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from supervisor.classify import Classifier
-from supervisor.determinism import Phase, assess, phase_of
+from supervisor.determinism import Phase
+from supervisor.determinism import judge as judge_invocation
 from supervisor.model import Invocation, LogLine, Verdict
 
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
@@ -56,11 +58,16 @@ def label_of(file: str) -> Label:
     return label
 
 
-def invocation_of(label: Label, *, invocation_id: str = "0" * 32) -> Invocation:
-    """The log as one invocation that failed with exit status 1."""
-    text = (CORPUS / label.file).read_text(encoding="utf-8", errors="replace")
-    lines = tuple(LogLine(text=line) for line in text.splitlines())
-    ended_us = int(((label.served_s or 0) + STARTUP_RAN_S) * 1e6)
+def failed_invocation(
+    texts: Sequence[str],
+    *,
+    invocation_id: str = "0" * 32,
+    started_us: int = 0,
+    ended_us: int = int(STARTUP_RAN_S * 1e6),
+    served_us: int | None = None,
+) -> Invocation:
+    """Lines as one invocation of UNIT that exited with status 1 (its start read)."""
+    lines = tuple(LogLine(text=text) for text in texts)
     return Invocation(
         unit=UNIT,
         invocation_id=invocation_id,
@@ -69,14 +76,23 @@ def invocation_of(label: Label, *, invocation_id: str = "0" * 32) -> Invocation:
         exit_code="exited",
         exit_status=1,
         result="exit-code",
-        started_us=0,
-        served_us=None if label.served_s is None else 1,
+        started_us=started_us,
+        served_us=served_us,
         ended_us=ended_us,
+    )
+
+
+def invocation_of(label: Label, *, invocation_id: str = "0" * 32) -> Invocation:
+    """The log as one invocation that failed with exit status 1."""
+    text = (CORPUS / label.file).read_text(encoding="utf-8", errors="replace")
+    return failed_invocation(
+        text.splitlines(),
+        invocation_id=invocation_id,
+        ended_us=int(((label.served_s or 0) + STARTUP_RAN_S) * 1e6),
+        served_us=None if label.served_s is None else 1,
     )
 
 
 def judge(classifier: Classifier, invocation: Invocation) -> tuple[Verdict, Phase]:
     """The verdict (assessed) and phase the pipeline gives the invocation."""
-    verdict = classifier.classify_invocation(invocation)
-    phase = phase_of(invocation, GOOD_START_S, verdict.phase_hint)
-    return assess(verdict, invocation, phase), phase
+    return judge_invocation(classifier, invocation, GOOD_START_S)

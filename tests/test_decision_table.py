@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from corpus_judge import Label, invocation_of, judge, label_of
+from corpus_judge import Label, failed_invocation, invocation_of, judge, label_of
 
 from supervisor.classify import Classifier
-from supervisor.model import Action, Decision, Severity, Verdict
+from supervisor.determinism import judge as judge_invocation
+from supervisor.model import Action, Decision, Invocation, Severity, Verdict
 from supervisor.policy import RestartPolicy
 from supervisor.signatures import SignatureTable, load_signature_table
 
@@ -171,3 +172,101 @@ class TestDecisionTable:
         )
         assert decision.dry_run and decision.rule == "fatal_signature"
         assert decision.reason.startswith("dry run, would halt: ")
+
+
+def _lines_invocation(texts: list[str], **changes: object) -> Invocation:
+    return dataclasses.replace(failed_invocation(texts), **changes)  # type: ignore[arg-type]
+
+
+def _decide_one(table: SignatureTable, invocation: Invocation) -> tuple[Verdict, Decision]:
+    verdict, phase = judge_invocation(Classifier(table), invocation, 600.0)
+    return verdict, RestartPolicy().decide(invocation, verdict, phase)
+
+
+class TestWeakEvidenceNeverHalts:
+    """Each case a review found halting on weak evidence; each must not halt now."""
+
+    def test_a_startup_severity_needs_a_known_startup(self, table: SignatureTable) -> None:
+        """A CUDA OOM is fatal while loading; after running 3 h without a serving line the
+        server had started long ago (good_start_s), so it is transient."""
+        label = label_of("126-sglang-diffusion-oom-load-rank0-scheduler-dead.log")
+        invocation = dataclasses.replace(invocation_of(label), ended_us=3 * 3600 * 1_000_000)
+        verdict, decision = _decide_one(table, invocation)
+        assert verdict.severity is Severity.TRANSIENT
+        assert decision.action is Action.ALLOW_RESTART
+
+    def test_a_fatal_signature_after_long_serving_restarts(self, table: SignatureTable) -> None:
+        """fatal_after_serving: a signature that says fatal, after 30 min of serving: the same
+        start served; a crash 5 s after serving still halts."""
+        label = label_of("01-flashinfer-cubin-version-mismatch.log")
+        _, decisions = _decide(table, dataclasses.replace(label, served_s=1800.0), repeats=3)
+        assert {(d.action, d.rule) for d in decisions} == {
+            (Action.ALLOW_RESTART, "fatal_after_serving")
+        }
+        _, (soon,) = _decide(table, dataclasses.replace(label, served_s=5.0))
+        assert (soon.action, soon.rule) == (Action.HALT, "fatal_signature")
+
+    def test_a_guess_is_no_ground_for_an_inference(self, table: SignatureTable) -> None:
+        """No error line; a warning that looks like trouble ("file does not exist"); killed
+        while loading: the kill is the cause, nothing is inferred."""
+        verdict, decision = _decide_one(
+            table,
+            _lines_invocation(
+                [
+                    "WARNING 11-30 10:00:01 [config.py:9] Failed to load generation_config.json:"
+                    " file does not exist, using defaults",
+                    "INFO 11-30 10:00:02 [loader.py:40] Loading safetensors checkpoint shards",
+                ],
+                exit_code="killed",
+                exit_status=9,
+                result="signal",
+                end_message="Main process exited, code=killed, status=9/KILL",
+            ),
+        )
+        assert verdict.root_cause == "Main process exited, code=killed, status=9/KILL"
+        assert verdict.basis == "unknown" and verdict.confidence == "low"
+        assert decision.action is Action.ALLOW_RESTART
+
+    def test_a_run_whose_start_was_not_read_infers_nothing(self, table: SignatureTable) -> None:
+        """Attached to a server that ran for days: its crash is not "before it ever served"."""
+        label = label_of("221-real-vllm-tokenizer-missing.log")
+        invocation = dataclasses.replace(invocation_of(label), start_seen=False)
+        verdict, decision = _decide_one(table, invocation)
+        assert verdict.basis == "unknown"
+        assert verdict.severity_reason is not None and "start was not in the journal" in (
+            verdict.severity_reason
+        )
+        assert decision.action is Action.ALLOW_RESTART
+
+    def test_deterministic_and_network_words_together_are_unknown(
+        self, table: SignatureTable
+    ) -> None:
+        """`LocalEntryNotFoundError ... check your connection`: a missing file or the network
+        down at boot; with no signature it is neither inferred fatal nor transient."""
+        without_hub = table.subset(["vllm", "cuda", "python", "noise"])
+        verdict, decision = _decide_one(
+            without_hub,
+            _lines_invocation(
+                [
+                    "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while"
+                    " trying to locate the file on the Hub and we cannot find the requested"
+                    " files in the local cache. Please check your connection and try again"
+                    " or make sure your Internet connection is on.",
+                ]
+            ),
+        )
+        assert (verdict.basis, verdict.severity) == ("unknown", Severity.UNKNOWN)
+        assert decision.rule == "unknown_first"
+
+    def test_repeats_after_long_serving_start_the_count_afresh(self, table: SignatureTable) -> None:
+        """[after 30 min of serving, at startup, at startup]: the first does not count."""
+        label = label_of("61-model-type-unrecognized-old-transformers.log")
+        classifier, policy = Classifier(table), RestartPolicy()
+        rules = []
+        for n, served_s in enumerate((1800.0, None, None)):
+            invocation = invocation_of(
+                dataclasses.replace(label, served_s=served_s), invocation_id=f"{n:032x}"
+            )
+            verdict, phase = judge_invocation(classifier, invocation, 600.0)
+            rules.append(policy.decide(invocation, verdict, phase).rule)
+        assert rules == ["unknown_after_serving", "unknown_first", "unknown_first"]

@@ -64,6 +64,19 @@ class Journal:
             pid=7,
         )
 
+    def starting(self, inv: str) -> JournalEntry:
+        """PID 1's "Starting U..." of a new invocation (JOB_TYPE=start)."""
+        return JournalEntry(
+            cursor=f"s{self.us}",
+            realtime_us=self._next(),
+            message=f"Starting {UNIT}...",
+            unit=UNIT,
+            invocation_id=inv,
+            from_pid1=True,
+            message_id=LifecycleEvent.STARTING.value,
+            fields=MappingProxyType({"JOB_TYPE": "start"}),
+        )
+
     def ended(self, inv: str, status: int) -> list[JournalEntry]:
         exited = JournalEntry(
             cursor="x",
@@ -212,7 +225,7 @@ async def _unknown_crash_after(daemon: Daemon, env: FakeEnv, *, upgrade: bool) -
     await poll(lambda: envlog.for_invocation(UNIT, "a" * 32) is not None, within=10)
     if upgrade:
         env.packages["flashinfer-python"] = "0.6.4"
-    await daemon.handle_batch([journal.line("b" * 32, "INFO loading")])
+    await daemon.handle_batch([journal.starting("b" * 32), journal.line("b" * 32, "INFO loading")])
     await poll(lambda: envlog.for_invocation(UNIT, "b" * 32) is not None, within=10)
     outcomes = await daemon.handle_batch(
         [journal.line("b" * 32, UNKNOWN), *journal.ended("b" * 32, 1)]

@@ -15,13 +15,20 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import wait_for
-from corpus_judge import invocation_of, judge, label_of
+from corpus_judge import failed_invocation, invocation_of, judge, label_of
 from hypothesis import given
 from hypothesis import strategies as st
 
 from supervisor.classify import Classifier
 from supervisor.config import Config, UnitConfig
-from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome, Severity
+from supervisor.model import (
+    Action,
+    Ending,
+    JournalEntry,
+    LifecycleEvent,
+    Outcome,
+    Severity,
+)
 from supervisor.policy import RestartPolicy
 from supervisor.port_evidence import PortEvidence, port_of
 from supervisor.portholder import (
@@ -256,3 +263,56 @@ class TestParsers:
         assert start is None or isinstance(start, float)
         port = port_of({"port": text}, text, None)
         assert port is None or 0 < port < 65536
+
+
+class TestPortEvidenceLeavesOthersAlone:
+    """What a review found halting on weak evidence: none of these may halt now."""
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            # A person's `systemctl stop` whose log holds the port line: an operator stop.
+            pytest.param({"ending": Ending.STOPPED, "stop_requested": True}, id="operator-stop"),
+            # It served (its serving line): it had bound its port; the line is not its end.
+            pytest.param({"served_us": 1}, id="served"),
+            # Another host's crash in a journal directory: this host's /proc says nothing.
+            pytest.param({"host": "b" * 32}, id="other-host"),
+        ],
+    )
+    async def test_no_halt(self, listening: Listening, change: dict[str, object]) -> None:
+        crash = _crash(started_s_ago=0.1)
+        inv = dataclasses.replace(crash.invocation, **change)  # type: ignore[arg-type]
+        verdict, phase = judge(Classifier(load_signature_table()), inv)
+        outcome = Outcome(
+            invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
+        )
+        hook = PortEvidence(_config(listening.port), machine_id="a" * 32)
+        assert await hook.outcome(outcome) == outcome
+
+    async def test_a_warning_about_the_port_is_no_bind_failure(self, listening: Listening) -> None:
+        """`WARNING ... Port N is already in use, trying N+1`, then an unrelated exit: the
+        warning names the port, the server went on; nothing is added."""
+        now_us = int(time.time() * 1e6)
+        inv = failed_invocation(
+            [
+                f"WARNING 11-30 10:00:01 [utils.py:3] Port {listening.port} is already in use,"
+                f" trying {listening.port + 1}",
+                "INFO 11-30 10:00:02 [loader.py:40] Loading weights took 3.1 s",
+            ],
+            started_us=now_us - 100_000,
+            ended_us=now_us - 10_000,
+        )
+        verdict, phase = judge(Classifier(load_signature_table()), inv)
+        outcome = Outcome(
+            invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
+        )
+        assert (await PortEvidence(_config(listening.port)).outcome(outcome)).decision == (
+            outcome.decision
+        )
+
+    async def test_halt_inferred_off_makes_it_a_note(self, listening: Listening) -> None:
+        """`halt_inferred = false`: the holder is named, the unit restarts."""
+        config = Config(units=(UnitConfig(name=UNIT, port=listening.port, halt_inferred=False),))
+        outcome = await PortEvidence(config).outcome(_crash(started_s_ago=0.1))
+        assert outcome.decision.action is Action.ALLOW_RESTART
+        assert any("there before this start" in n for n in outcome.verdict.notes)
