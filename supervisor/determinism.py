@@ -148,12 +148,10 @@ def assess(
             f"{phase.describe()}; halted only when the same crash repeats",
         )
     if phase.served:
-        return dataclasses.replace(
+        return _unknown(
             verdict,
-            basis="unknown",
-            confidence=verdict.confidence or "low",
-            severity_reason=f"unknown: {kind or 'a crash'} {phase.describe()}: a restart may "
-            "work, and repeats after serving are no proof",
+            f"unknown: {kind or 'a crash'} {phase.describe()}: a restart may work, and repeats "
+            "after serving are no proof",
         )
     deterministic, indeterminate = _DETERMINISTIC.search(cause), _INDETERMINATE.search(cause)
     if deterministic and indeterminate:
@@ -163,36 +161,36 @@ def assess(
             "deterministic error and a network or timeout one; halted only when it repeats",
         )
     if indeterminate:
-        return dataclasses.replace(
+        return _inferred(
             verdict,
-            severity=Severity.TRANSIENT,
-            basis="inferred",
-            confidence="medium",
-            severity_reason=f"transient (inferred): {kind or 'a network or timeout error'} "
+            Severity.TRANSIENT,
+            f"transient (inferred): {kind or 'a network or timeout error'} "
             f"{phase.describe()}: a restart may not meet it again",
         )
     if deterministic:
-        return dataclasses.replace(
+        return _inferred(
             verdict,
-            severity=Severity.FATAL,
-            basis="inferred",
-            confidence="medium",
-            severity_reason=f"fatal (inferred): {kind or 'a deterministic error'} "
-            f"{phase.describe()}: the same inputs raise it again{changed}",
+            Severity.FATAL,
+            f"fatal (inferred): {kind or 'a deterministic error'} {phase.describe()}: the "
+            f"same inputs raise it again{changed}",
         )
     if drift:
-        return dataclasses.replace(
+        return _inferred(
             verdict,
-            severity=Severity.FATAL,
-            basis="inferred",
-            confidence="medium",
-            severity_reason=f"fatal (inferred): a crash {phase.describe()}, right after the "
-            f"environment changed{changed}",
+            Severity.FATAL,
+            f"fatal (inferred): a crash {phase.describe()}, right after the environment "
+            f"changed{changed}",
         )
     return _unknown(
         verdict,
         f"unknown: {kind or 'no known error'} {phase.describe()}; halted only when the same "
         "crash repeats",
+    )
+
+
+def _inferred(verdict: Verdict, severity: Severity, reason: str) -> Verdict:
+    return dataclasses.replace(
+        verdict, severity=severity, basis="inferred", confidence="medium", severity_reason=reason
     )
 
 
