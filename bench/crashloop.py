@@ -31,13 +31,15 @@ from supervisor.journal.writer import (
     EntryFactory,
     FieldValue,
     JournalWriter,
-    lifecycle,
+    exit_entries,
+    restart_entries,
     service_lines,
+    start_entries,
 )
 from supervisor.model import LifecycleEvent
 
-# "Starting U..." (SD_MESSAGE_UNIT_STARTING). The tracker has no LifecycleEvent for it.
-STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+# "Starting U..." (SD_MESSAGE_UNIT_STARTING).
+STARTING = LifecycleEvent.STARTING.value
 # A fixed start, so two runs write the same journal (ids are derived from the log's name too).
 DEFAULT_START_US = int(datetime(2025, 8, 6, 20, 0, tzinfo=UTC).timestamp() * 1_000_000)
 _NAMESPACE = uuid.UUID("5c1b0a52-0d5e-4a57-9a43-6f0c0d7d1e11")
@@ -102,10 +104,11 @@ def loop_entries(
         now = _one_invocation(out, unit, invocation_id, lines, index, now, timing)
         if index + 1 < len(ids):
             now += _us(timing.restart_sec)
-            out.append((now, _restart_scheduled(unit, invocation_id, index + 1)))
+            scheduled, stopped = restart_entries(unit, invocation_id, index + 1)
+            out.append((now, _pid1(scheduled, 6)))
             now += 1_000
             # The restart job stops the unit, then starts it again under the same job id.
-            out.append((now, _stopped(unit, invocation_id, job_id=_job_id(index + 1))))
+            out.append((now, _pid1(stopped, 6, JOB_ID=_job_id(index + 1))))
             now += 1_000
     return out, ids
 
@@ -149,9 +152,10 @@ def _one_invocation(
     timing: LoopTiming,
 ) -> int:
     """Append one invocation, from "Starting" to "Failed"; return the time of "Failed"."""
-    out.append((now, _starting(unit, invocation_id, job_id=_job_id(index))))
+    starting, started = start_entries(unit, invocation_id)
+    out.append((now, _pid1(starting, 6, JOB_ID=_job_id(index))))
     now += _us(timing.started_after_s)
-    out.append((now, _started(unit, invocation_id, job_id=_job_id(index))))
+    out.append((now, _pid1(started, 6, JOB_ID=_job_id(index))))
     pid = 4242 + 1000 * index  # a new main process per start
     trusted = _service_trusted(unit, invocation_id, pid)
     if timing.served_for_s > 0:
@@ -164,97 +168,19 @@ def _one_invocation(
         now = first + step * (number + 1)
         out.append((now, {**fields, **trusted}))
     now = max(now, first + _us(timing.lines_over_s)) + _us(timing.exit_after_s)
-    out.append((now, _exited(unit, invocation_id)))
+    exited, failed = exit_entries(unit, invocation_id, 1)
+    out.append((now, _pid1(exited, 5)))
     now += 1_000
-    out.append((now, _failed(unit, invocation_id)))
+    out.append((now, _pid1(failed, 4)))
     return now
 
 
 def _pid1(
-    unit: str,
-    invocation_id: str,
-    event: LifecycleEvent,
-    message: str,
-    priority: int,
-    **fields: FieldValue,
+    entry: dict[str, FieldValue], priority: int, **fields: FieldValue
 ) -> dict[str, FieldValue]:
-    entry = lifecycle(unit, invocation_id, event, message, **fields)
-    return {**entry, **_PID1, "PRIORITY": priority}
-
-
-def _starting(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
-    # Built like writer.lifecycle's messages; its MESSAGE_ID is not one the tracker knows.
-    entry = _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.JOB_STARTED,
-        f"Started {unit}.",
-        6,
-        JOB_ID=job_id,
-        JOB_TYPE="start",
-    )
-    return {**entry, "MESSAGE_ID": STARTING, "MESSAGE": f"Starting {unit}..."}
-
-
-def _started(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
-    return _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.JOB_STARTED,
-        f"Started {unit}.",
-        6,
-        JOB_ID=job_id,
-        JOB_TYPE="start",
-        JOB_RESULT="done",
-    )
-
-
-def _exited(unit: str, invocation_id: str) -> dict[str, FieldValue]:
-    return _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.PROCESS_EXITED,
-        "Main process exited, code=exited, status=1/FAILURE",
-        5,
-        EXIT_CODE="exited",
-        EXIT_STATUS=1,
-        COMMAND="ExecStart",
-    )
-
-
-def _failed(unit: str, invocation_id: str) -> dict[str, FieldValue]:
-    return _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.UNIT_FAILED,
-        "Failed with result 'exit-code'.",
-        4,
-        UNIT_RESULT="exit-code",
-    )
-
-
-def _restart_scheduled(unit: str, invocation_id: str, n: int) -> dict[str, FieldValue]:
-    return _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.RESTART_SCHEDULED,
-        f"Scheduled restart job, restart counter is at {n}.",
-        6,
-        N_RESTARTS=n,
-    )
-
-
-def _stopped(unit: str, invocation_id: str, *, job_id: int) -> dict[str, FieldValue]:
-    return _pid1(
-        unit,
-        invocation_id,
-        LifecycleEvent.JOB_STOPPED,
-        f"Stopped {unit}.",
-        6,
-        JOB_ID=job_id,
-        JOB_TYPE="restart",
-        JOB_RESULT="done",
-    )
+    """One of writer's PID 1 messages with the rest of PID 1's trusted fields, its priority
+    and (for job messages) the job id."""
+    return {**entry, **_PID1, "PRIORITY": priority, **fields}
 
 
 def _service_trusted(unit: str, invocation_id: str, pid: int) -> dict[str, FieldValue]:
