@@ -69,7 +69,8 @@ class LoopTiming:
     served_for_s: float = 0.0
 
 
-# What uvicorn prints once vLLM's API server listens (supervisor.environment.is_serving_line).
+# What uvicorn prints once vLLM's API server listens
+# (supervisor.environment.serving.is_serving_line).
 SERVING_LINE = "INFO:     Application startup complete."
 
 

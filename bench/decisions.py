@@ -2,11 +2,12 @@
 
 Every labelled log of the corpus (tests/data/corpus, plus `--corpus DIR`...) is written as a
 5-invocation crash loop of `vllm.service` under `Restart=always` into a real journal
-(bench/crashloop.py, systemd-journal-remote) and read back by `supervisor.triage.collect`, the
-daemon's own Pipeline. Per log: the decision of each invocation, whether the first crash halted,
-the restarts a fatal loop wasted, whether a transient loop was halted, and whether invocation 1's
-root cause holds the label's key. Verdicts and decisions are read only through `Outcome.to_json()`
-(the JSON contract), so the bench survives rewrites of the tracker, classifier and policy.
+(bench/crashloop.py, systemd-journal-remote) and read back by `supervisor.commands.triage.collect`,
+the daemon's own Pipeline. Per log: the decision of each invocation, whether the first crash
+halted, the restarts a fatal loop wasted, whether a transient loop was halted, and whether
+invocation 1's root cause holds the label's key. Verdicts and decisions are read only through
+`Outcome.to_json()` (the JSON contract), so the bench survives rewrites of the tracker, classifier
+and policy.
 
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase, served_s: a serving log is replayed after a serving line and that
@@ -41,9 +42,9 @@ from typing import Any
 from bench.crashloop import LoopTiming, write_crash_loop
 from bench.decisions_report import render, tally_all
 from supervisor.app import load_table
+from supervisor.classify.signatures import SignatureTable
+from supervisor.commands.triage import collect
 from supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
-from supervisor.signatures import SignatureTable
-from supervisor.triage import collect
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "data" / "corpus"

@@ -145,7 +145,7 @@ def render(
     corpora = sorted({run.log.corpus for run in runs})
     out = [
         f"{len(runs)} labelled logs from {', '.join(corpora)}: each a 5-invocation crash loop "
-        f"of vllm.service in a real journal, through supervisor.triage.collect",
+        f"of vllm.service in a real journal, through supervisor.commands.triage.collect",
         f"{seconds:.1f} s wall with {jobs} job(s), [journal] reader = {reader!r}; "
         f"{sum(r.seconds for r in runs) / max(len(runs), 1):.2f} s per log",
         "",

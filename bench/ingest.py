@@ -82,9 +82,9 @@ def _prepare(mode: str, directory: Path, unit: str) -> Any:
 
 
 def _supervisor(directory: Path, unit: str, *, source: str) -> Any:
+    from supervisor.classify.table import load_table
     from supervisor.config import Config, UnitConfig
     from supervisor.journal.reader import ReaderSettings, read_all
-    from supervisor.loader import load_table
     from supervisor.model import Outcome
     from supervisor.pipeline import Pipeline
 
@@ -165,9 +165,9 @@ def _native_devnull(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
 
 def measure_rss(directory: Path, unit: str, total: int) -> dict[str, Any]:
     """Feed one Pipeline pass after pass over the journal until `total` entries; RSS then."""
+    from supervisor.classify.table import load_table
     from supervisor.config import Config, UnitConfig
     from supervisor.journal.reader import ReaderSettings, read_all
-    from supervisor.loader import load_table
     from supervisor.pipeline import Pipeline
 
     config = Config(units=(UnitConfig(name=unit),))

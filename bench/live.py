@@ -154,7 +154,9 @@ async def _follow(root: Path) -> dict[str, Any]:
     """The follower process: the real Daemon, timed per batch."""
     from supervisor.actions.actor import Actor
     from supervisor.actions.halt import Halter
+    from supervisor.actions.quarantine import Quarantine
     from supervisor.app import quarantine_dir
+    from supervisor.classify.table import load_table
     from supervisor.config import (
         Config,
         JournalConfig,
@@ -164,11 +166,9 @@ async def _follow(root: Path) -> dict[str, Any]:
         UnitConfig,
     )
     from supervisor.daemon import Daemon
-    from supervisor.loader import load_table
-    from supervisor.metrics import Metrics
     from supervisor.model import JournalEntry, Outcome
-    from supervisor.quarantine import Quarantine
     from supervisor.store import Store
+    from supervisor.telemetry.metrics import Metrics
 
     config = Config(
         units=(UnitConfig(name=UNIT),),

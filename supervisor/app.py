@@ -13,25 +13,26 @@ from typing import Any
 
 import structlog
 
-from supervisor import drift, hang, port_evidence
 from supervisor.actions.actor import Actor
 from supervisor.actions.gatekeeper import GateServer, socket_path
 from supervisor.actions.halt import Halter
+from supervisor.actions.quarantine import Quarantine
+from supervisor.actions.sdnotify import Notifier, watchdog_interval
+from supervisor.actions.systemd import SystemdClient
+from supervisor.classify.table import load_table
+from supervisor.commands.gate import QUARANTINE_SUBDIR, quarantine_dirs
 from supervisor.config import Config, parse_listen, resolve_webhook
 from supervisor.daemon import Daemon
-from supervisor.environment import EnvironmentLog
+from supervisor.decide import hang, port_evidence
+from supervisor.environment import drift
+from supervisor.environment.log import EnvironmentLog
 from supervisor.errors import StateError
-from supervisor.gatecmd import QUARANTINE_SUBDIR, quarantine_dirs
-from supervisor.httpserver import HealthCheck, MetricsServer, combine_health, following_check
-from supervisor.loader import load_table
-from supervisor.metrics import Metrics
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import SlackWebhook
-from supervisor.private import make_dirs
-from supervisor.quarantine import Quarantine
-from supervisor.sdnotify import Notifier, watchdog_interval
 from supervisor.store import Store
-from supervisor.systemd import SystemdClient
+from supervisor.telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
+from supervisor.telemetry.metrics import Metrics
+from supervisor.util.files import make_dirs
 
 log = structlog.get_logger(__name__)
 

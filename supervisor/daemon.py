@@ -28,7 +28,8 @@ import structlog
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.presence import Here
-from supervisor.aio import first_of
+from supervisor.classify.signatures import SignatureTable
+from supervisor.classify.table import load_table, restart_only_changes
 from supervisor.config import Config
 from supervisor.errors import StateError, SupervisorError
 from supervisor.journal.reader import (
@@ -38,13 +39,12 @@ from supervisor.journal.reader import (
     resolve_source,
 )
 from supervisor.journal.writer import local_boot_id, local_machine_id
-from supervisor.lifecycle import SuppressionNotice
-from supervisor.loader import load_table, restart_only_changes
-from supervisor.metrics import Metrics
 from supervisor.model import Invocation, JournalEntry, Outcome, Taken
 from supervisor.pipeline import Pipeline
-from supervisor.signatures import SignatureTable
 from supervisor.store import Checkpoint, Store, Writer
+from supervisor.telemetry.metrics import Metrics
+from supervisor.track.tracker import SuppressionNotice
+from supervisor.util.aio import first_of
 
 log = structlog.get_logger(__name__)
 
@@ -68,8 +68,8 @@ class BatchHook(Protocol):
     """Sees each batch before the pipeline and each outcome before it is acted on.
 
     `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
-    await briefly to enrich an outcome (supervisor.hang, supervisor.drift); `reconfigure` takes
-    a reloaded config.
+    await briefly to enrich an outcome (supervisor.decide.port_evidence,
+    supervisor.environment.drift); `reconfigure` takes a reloaded config.
     """
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
@@ -126,7 +126,7 @@ class Daemon:
         self.reporter = reporter
         self.state = DaemonState()
         self._load_config = load_config
-        self.extra_tasks = list(extra_tasks)  # supervisor.hang and .drift add theirs
+        self.extra_tasks = list(extra_tasks)  # supervisor.decide.hang and .drift add theirs
         self.hooks: list[BatchHook] = list(hooks)
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.

@@ -208,7 +208,8 @@ class Verdict:
     # The root cause was logged while serving, long before the end (context, not proof).
     from_context: bool = False
     # What the severity rests on: "signature" (the table), "inferred" (the exception and the
-    # phase, supervisor.determinism), "repeated" (the policy: the same crash again), "unknown".
+    # phase, supervisor.classify.determinism), "repeated" (the policy: the same crash again),
+    # "unknown".
     basis: str | None = None
     confidence: str | None = None  # how sure the root-cause line is: high, medium, low
     severity_reason: str | None = None  # one line a person can check
@@ -260,7 +261,8 @@ class Outcome:
     invocation: Invocation
     verdict: Verdict
     decision: Decision
-    # What changed in the unit's environment since its last good start (supervisor.drift).
+    # What changed in the unit's environment since its last good start
+    # (supervisor.environment.drift).
     drift: tuple[str, ...] = ()
     taken: Taken = Taken.OBSERVED  # what the supervisor did (set by supervisor.actions)
     taken_detail: str = ""  # one sentence on it: what was done, or why nothing was

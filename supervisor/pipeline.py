@@ -12,13 +12,13 @@ from typing import Any
 
 import structlog
 
-from supervisor.classify import Classifier
+from supervisor.classify.classifier import Classifier
+from supervisor.classify.determinism import judge, phase_of
+from supervisor.classify.signatures import SignatureTable
 from supervisor.config import Config
-from supervisor.determinism import judge, phase_of
-from supervisor.lifecycle import InvocationTracker
+from supervisor.decide.policy import RestartPolicy
 from supervisor.model import Invocation, JournalEntry, Outcome, Severity, Verdict
-from supervisor.policy import RestartPolicy
-from supervisor.signatures import SignatureTable
+from supervisor.track.tracker import InvocationTracker
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
@@ -47,8 +47,9 @@ class Pipeline:
         self.tracker = InvocationTracker(config.tracker)
         self.policy = RestartPolicy(policy_state)
         self._observer = observer or (lambda outcome, seconds: None)
-        # Set by supervisor.drift when the daemon records environments: a crash no signature
-        # knows, right after the environment changed, is inferred fatal (determinism.assess).
+        # Set by supervisor.environment.drift when the daemon records environments: a crash
+        # no signature knows, right after the environment changed, is inferred fatal
+        # (determinism.assess).
         self.drift = drift
         self._clock = clock
         self._classifiers: dict[str | None, Classifier] = {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from supervisor.errors import StateError
 from supervisor.model import Outcome
-from supervisor.private import make_dirs, private_file
+from supervisor.util.files import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
 

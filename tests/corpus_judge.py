@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.classify import Classifier
-from supervisor.determinism import Phase
-from supervisor.determinism import judge as judge_invocation
+from supervisor.classify.classifier import Classifier
+from supervisor.classify.determinism import Phase
+from supervisor.classify.determinism import judge as judge_invocation
 from supervisor.model import Invocation, LogLine, Verdict
 
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"

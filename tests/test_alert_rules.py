@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.metrics import Metrics, new_registry
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 

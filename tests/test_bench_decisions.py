@@ -1,7 +1,7 @@
 """CI guard on the daemon's decisions for the corpus's crash loops (bench/decisions.py).
 
 Each labelled log of tests/data/corpus is replayed as a 5-invocation `Restart=always` crash loop in
-a real journal and read by `supervisor.triage.collect`. The guard fails when
+a real journal and read by `supervisor.commands.triage.collect`. The guard fails when
 (a) a transient-labelled loop is halted on a signature's or an inference's word, or by the
     unknown-repeat rule (K identical crashes with no known cause, before serving) unless
     bench/decisions_baseline.json lists it (a replay repeats a one-off crash K times; the list

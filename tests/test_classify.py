@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify import Classifier
+from supervisor.classify.classifier import Classifier
+from supervisor.classify.signatures import SignatureTable, load_signature_table
 from supervisor.model import LogLine, Severity
-from supervisor.signatures import SignatureTable, load_signature_table
 
 SEED = Path(__file__).resolve().parents[1] / "supervisor" / "data" / "seed-flashinfer-crash.log"
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.quarantine import Quarantine
+from supervisor.actions.quarantine import Quarantine
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,16 +11,16 @@ from conftest import poll
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
+from supervisor.actions.quarantine import Quarantine
 from supervisor.app import quarantine_dir
+from supervisor.classify.table import load_table
+from supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
 from supervisor.config import Config
 from supervisor.daemon import Daemon
-from supervisor.demo import DEMO_UNIT, demo_config, seed_lines
 from supervisor.journal.writer import JournalWriter, crashed_invocation
-from supervisor.loader import load_table
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import Invocation, JournalEntry
-from supervisor.quarantine import Quarantine
 from supervisor.store import Store
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 
 def _config(root: Path) -> Config:

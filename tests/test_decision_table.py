@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 from corpus_judge import Label, failed_invocation, invocation_of, judge, label_of
 
-from supervisor.classify import Classifier
-from supervisor.determinism import judge as judge_invocation
+from supervisor.classify.classifier import Classifier
+from supervisor.classify.determinism import judge as judge_invocation
+from supervisor.classify.signatures import SignatureTable, load_signature_table
+from supervisor.decide.policy import RestartPolicy
 from supervisor.model import Action, Decision, Invocation, Severity, Verdict
-from supervisor.policy import RestartPolicy
-from supervisor.signatures import SignatureTable, load_signature_table
 
 
 @pytest.fixture(scope="module", name="table")

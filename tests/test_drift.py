@@ -12,17 +12,18 @@ from types import MappingProxyType
 import pytest
 from conftest import poll
 
+from supervisor.classify.table import load_table
+from supervisor.commands.demo import demo_config
+from supervisor.commands.triage import render_text, with_drift
 from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
 from supervisor.daemon import Daemon
-from supervisor.demo import demo_config
-from supervisor.drift import DriftRecorder
-from supervisor.environment import EnvironmentLog, EnvSnapshot
-from supervisor.loader import load_table
-from supervisor.metrics import Metrics, new_registry
+from supervisor.environment.drift import DriftRecorder
+from supervisor.environment.log import EnvironmentLog
+from supervisor.environment.snapshot import EnvSnapshot
 from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
 from supervisor.notify.slack import build_payload
 from supervisor.store import Store
-from supervisor.triage import render_text, with_drift
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 UNIT = "vllm.service"
 FATAL = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)."

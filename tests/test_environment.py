@@ -9,16 +9,15 @@ from pathlib import Path
 import pytest
 from fakevenv import Venvs, session_venvs
 
-from supervisor.environment import (
+from supervisor.environment.execstart import interpreter_from_exec_start
+from supervisor.environment.log import EnvironmentLog
+from supervisor.environment.probe import ProbeError, read_nvidia_driver
+from supervisor.environment.serving import is_serving_line
+from supervisor.environment.snapshot import (
     Change,
     ChangeKind,
-    EnvironmentLog,
     EnvSnapshot,
-    ProbeError,
     diff,
-    interpreter_from_exec_start,
-    is_serving_line,
-    read_nvidia_driver,
     render_changes,
     snapshot,
 )

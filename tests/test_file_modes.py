@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import wait_for
 from faults.harness import Supervisor, classified, crash, write_config
 
+from supervisor.actions.quarantine import Quarantine
 from supervisor.journal.writer import JournalWriter
-from supervisor.quarantine import Quarantine
 from supervisor.store import DATABASE_NAME, Store
 
 

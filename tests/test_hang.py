@@ -12,19 +12,19 @@ import pytest
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
+from supervisor.actions.quarantine import Quarantine
+from supervisor.actions.systemd import UnitState
 from supervisor.app import quarantine_dir
+from supervisor.classify.table import load_table
+from supervisor.commands.demo import demo_config
 from supervisor.config import Config, UnitConfig, validate
 from supervisor.daemon import Daemon
-from supervisor.demo import demo_config
+from supervisor.decide.hang import HangDetector, HangWatcher, install
 from supervisor.errors import ConfigError
-from supervisor.hang import HangDetector, HangWatcher, install
 from supervisor.journal.writer import JournalWriter, lifecycle, service_lines
-from supervisor.loader import load_table
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import JournalEntry, LifecycleEvent
-from supervisor.quarantine import Quarantine
 from supervisor.store import Store
-from supervisor.systemd import UnitState
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 UNIT = "vllm.service"
 INV = "a" * 32

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from supervisor.config import TrackerConfig
-from supervisor.lifecycle import InvocationTracker
 from supervisor.model import Ending, Invocation, JournalEntry, LifecycleEvent
+from supervisor.track.tracker import InvocationTracker
 
 UNIT = "vllm.service"
 _cursors: Iterator[int] = itertools.count()

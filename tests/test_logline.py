@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.logline import Role, annotate, parse_line, parse_lines
+from supervisor.classify.logline import Role, annotate, parse_line, parse_lines
 from supervisor.model import LogLine
 
 # (raw line, journal pid, expected text, expected process, expected level)

@@ -14,9 +14,9 @@ import pytest
 from notify_fakes import T0, make_outcome
 
 from supervisor import __version__
-from supervisor.httpserver import MetricsServer, combine_health, following_check
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import Action, Severity
+from supervisor.telemetry.http import MetricsServer, combine_health, following_check
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

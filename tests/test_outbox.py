@@ -14,11 +14,11 @@ from notify_fakes import T0, FakeClock, make_outcome, running
 
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import StateError
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import Action, Outcome, Severity
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import SlackWebhook
 from supervisor.store import Checkpoint, Store
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 URL = Secret("https://hooks.example.invalid/services/T1/B1/tokentokentoken")
 

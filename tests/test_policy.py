@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.decide.policy import RestartPolicy
 from supervisor.model import Action, Ending, Invocation, Severity, Verdict
-from supervisor.policy import RestartPolicy
 
 CRASHED = Invocation(
     unit="vllm.service",

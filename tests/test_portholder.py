@@ -19,8 +19,19 @@ from corpus_judge import failed_invocation, invocation_of, judge, label_of
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.classify import Classifier
+from supervisor.classify.classifier import Classifier
+from supervisor.classify.signatures import load_signature_table
+from supervisor.commands.preflight import Status, check_port
 from supervisor.config import Config, UnitConfig
+from supervisor.decide.policy import RestartPolicy
+from supervisor.decide.port_evidence import PortEvidence, port_of
+from supervisor.environment.ports import (
+    Holder,
+    holders,
+    parse_listeners,
+    process_start,
+    unit_of_cgroup,
+)
 from supervisor.model import (
     Action,
     Ending,
@@ -29,17 +40,6 @@ from supervisor.model import (
     Outcome,
     Severity,
 )
-from supervisor.policy import RestartPolicy
-from supervisor.port_evidence import PortEvidence, port_of
-from supervisor.portholder import (
-    Holder,
-    holders,
-    parse_listeners,
-    process_start,
-    unit_of_cgroup,
-)
-from supervisor.preflight import Status, check_port
-from supervisor.signatures import load_signature_table
 
 UNIT = "vllm.service"
 LISTENER = (

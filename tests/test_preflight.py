@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fakevenv import Venvs, session_venvs
 
-from supervisor.environment import EnvironmentLog, EnvSnapshot
-from supervisor.preflight import (
+from supervisor.actions.quarantine import Quarantine
+from supervisor.commands.preflight import (
     DEFAULT_FAMILIES,
     EXIT_FAILED,
     EXIT_OK,
@@ -29,7 +29,8 @@ from supervisor.preflight import (
     preflight_main,
     run_preflight,
 )
-from supervisor.quarantine import Quarantine
+from supervisor.environment.log import EnvironmentLog
+from supervisor.environment.snapshot import EnvSnapshot
 from supervisor.store import Store
 
 UNIT = "vllm.service"
@@ -50,7 +51,7 @@ def held_port() -> Iterator[int]:
 
 @dataclass(frozen=True)
 class FakeSignature:
-    """An entry shaped like supervisor.signatures.Signature."""
+    """An entry shaped like supervisor.classify.signatures.Signature."""
 
     id: str
     title: str

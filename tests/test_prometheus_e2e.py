@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.demo import DEMO_UNIT, write_demo_journal
+from supervisor.commands.demo import DEMO_UNIT, write_demo_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

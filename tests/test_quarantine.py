@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.quarantine import Quarantine, record_name, unit_from_name
+from supervisor.actions.quarantine import Quarantine, record_name, unit_from_name
 
 
 @pytest.fixture

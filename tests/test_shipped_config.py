@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.classify.table import load_table
 from supervisor.config import Config, UnitConfig, load_config, parse_listen
 from supervisor.journal.export import decode_all
 from supervisor.journal.writer import crashed_invocation
-from supervisor.loader import load_table
 from supervisor.pipeline import Pipeline
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "supervisor.toml"

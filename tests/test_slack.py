@@ -15,7 +15,6 @@ from slack_server import SECRET, Reply, SlackServer
 
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import NotifyError
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import Action, Severity, Taken
 from supervisor.notify.outbox import Outbox
 from supervisor.notify.slack import (
@@ -29,6 +28,7 @@ from supervisor.notify.slack import (
     build_payload,
 )
 from supervisor.store import Checkpoint, Store
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 
 @pytest.fixture(name="server")

@@ -23,11 +23,11 @@ from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, m
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
 from supervisor.actions.presence import Here
+from supervisor.actions.quarantine import Quarantine
+from supervisor.actions.systemd import SystemdClient, UnitState
 from supervisor.errors import SystemdError
-from supervisor.metrics import Metrics, new_registry
 from supervisor.model import Action, Decision, Invocation, Outcome, Severity, Taken, Verdict
-from supervisor.quarantine import Quarantine
-from supervisor.systemd import SystemdClient, UnitState
+from supervisor.telemetry.metrics import Metrics, new_registry
 
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.classify.table import load_table
+from supervisor.commands.demo import seed_lines, write_demo_journal
+from supervisor.commands.triage import collect, sniff
 from supervisor.config import Config
-from supervisor.demo import seed_lines, write_demo_journal
-from supervisor.loader import load_table
-from supervisor.triage import collect, sniff
 
 ROOT_CAUSE = "flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"
 

@@ -29,10 +29,10 @@ import structlog
 
 from supervisor.actions.halt import Halter, HaltResult
 from supervisor.actions.presence import Here, Judgement, Presence, judge
+from supervisor.actions.systemd import UnitState
 from supervisor.errors import SystemdError
-from supervisor.metrics import Metrics
 from supervisor.model import Action, Decision, Ending, Outcome, Taken
-from supervisor.systemd import UnitState
+from supervisor.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
@@ -42,7 +42,7 @@ GATE_POLL_S = 0.05
 
 
 class UnitStates(Protocol):
-    """Reads a unit's state (supervisor.systemd.SystemdClient)."""
+    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
 
     async def unit_state(self, unit: str) -> UnitState: ...
 

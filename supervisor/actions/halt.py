@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import structlog
 
+from supervisor.actions.quarantine import Quarantine
+from supervisor.actions.systemd import SystemdClient
 from supervisor.errors import SystemdError
 from supervisor.model import Outcome
-from supervisor.quarantine import Quarantine
-from supervisor.systemd import SystemdClient
 
 _log = structlog.get_logger(__name__)
 T = TypeVar("T")

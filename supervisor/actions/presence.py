@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from supervisor.actions.systemd import UnitState
 from supervisor.model import Invocation
-from supervisor.systemd import UnitState
 
 
 class Presence(StrEnum):

@@ -44,10 +44,8 @@ from typing import Any
 
 import structlog
 
-from supervisor.aio import first_of
 from supervisor.config import SlackConfig
 from supervisor.errors import NotifyError, StateError
-from supervisor.metrics import Metrics
 from supervisor.model import Outcome
 from supervisor.notify.slack import (
     Group,
@@ -59,6 +57,8 @@ from supervisor.notify.slack import (
     is_notable,
 )
 from supervisor.store import Store, Writer
+from supervisor.telemetry.metrics import Metrics
+from supervisor.util.aio import first_of
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.demo import seed_lines
+from supervisor.commands.demo import seed_lines
 from supervisor.journal.writer import FieldValue, crashed_invocation
 
 UNIT = "vllm.service"

@@ -8,7 +8,7 @@ Rules, in order:
 2. systemd giving up (start-limit-hit) is observed and reported.
 3. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
 4. A fatal crash halts: the same crash recurs until a person acts. Fatal by a signature, or
-   inferred fatal (supervisor.determinism: a deterministic error before the server ever
+   inferred fatal (supervisor.classify.determinism: a deterministic error before the server ever
    served); the latter can be turned off per unit (`halt_inferred = false`), and then counts
    as unknown. A fatal crash after the server served longer than `repeat_window_s` is
    restarted (`fatal_after_serving`): the same start served, the evidence disagrees.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.determinism import Phase
+from supervisor.classify.determinism import Phase
 from supervisor.model import Action, Decision, Ending, Invocation, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from supervisor.classify.signatures import SignatureTable, load_signature_table
 from supervisor.config import Config
 from supervisor.errors import ConfigError, SupervisorError
-from supervisor.signatures import SignatureTable, load_signature_table
 
 # Read once at start-up (the reader child, the state database, the listening sockets, the Slack
 # client, the tracker's caps): a change needs a restart of the daemon.

@@ -38,7 +38,7 @@ from typing import Any
 import re2
 
 from supervisor.config import TrackerConfig
-from supervisor.environment import is_serving_line
+from supervisor.environment.serving import is_serving_line
 from supervisor.model import (
     Ending,
     Invocation,

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Protocol
 import httpx
 import structlog
 
-from supervisor.aio import first_of
+from supervisor.actions.systemd import UnitState
 from supervisor.config import Config
 from supervisor.errors import SystemdError
 from supervisor.model import Ending, JournalEntry, LifecycleEvent, Outcome
-from supervisor.systemd import UnitState
+from supervisor.util.aio import first_of
 
 if TYPE_CHECKING:
     from supervisor.daemon import Daemon
@@ -151,7 +151,7 @@ async def health_fails(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool
 
 
 class UnitStates(Protocol):
-    """Reads a unit's state (supervisor.systemd.SystemdClient)."""
+    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
 
     async def unit_state(self, unit: str) -> UnitState: ...
 

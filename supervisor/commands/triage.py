@@ -15,14 +15,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from supervisor.classify.signatures import SignatureTable
 from supervisor.config import Config
-from supervisor.environment import EnvironmentLog
+from supervisor.environment.log import EnvironmentLog
 from supervisor.errors import JournalError, SupervisorError
 from supervisor.journal.export import ExportParser, Fields, decode
 from supervisor.journal.reader import ReaderSettings, read_all
 from supervisor.model import Action, Invocation, JournalEntry, LogLine, Outcome
 from supervisor.pipeline import Pipeline
-from supervisor.signatures import SignatureTable
 from supervisor.store import Store
 
 JOURNAL_FILE_MAGIC = b"LPKSHHRH"

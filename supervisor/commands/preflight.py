@@ -31,23 +31,22 @@ from typing import Any, Protocol, TextIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from supervisor.actions.quarantine import Quarantine
+from supervisor.commands.gate import quarantine_dirs
 from supervisor.config import DriftConfig
-from supervisor.environment import (
-    EnvironmentLog,
+from supervisor.environment.execstart import interpreter_from_exec_start
+from supervisor.environment.log import EnvironmentLog
+from supervisor.environment.ports import holders
+from supervisor.environment.probe import (
     Probe,
     ProbeError,
-    interpreter_from_exec_start,
     normalize_name,
     probe,
     read_nvidia_driver,
-    render_changes,
-    snapshot_from_probe,
 )
-from supervisor.environment import diff as env_diff
+from supervisor.environment.snapshot import diff as env_diff
+from supervisor.environment.snapshot import render_changes, snapshot_from_probe
 from supervisor.errors import SupervisorError
-from supervisor.gatecmd import quarantine_dirs
-from supervisor.portholder import holders
-from supervisor.quarantine import Quarantine
 from supervisor.store import Store
 
 EXIT_OK = 0
@@ -72,7 +71,7 @@ class SignatureInfo(Protocol):
 
 
 class SignatureTable(Protocol):
-    """The part of `supervisor.signatures.SignatureTable` preflight uses."""
+    """The part of `supervisor.classify.signatures.SignatureTable` preflight uses."""
 
     @property
     def signatures(self) -> Sequence[SignatureInfo]: ...
@@ -552,7 +551,7 @@ def preflight_main(
 def load_table() -> SignatureTable | None:
     """The shipped signature table, or None when it cannot be loaded (built-ins apply)."""
     try:
-        module = importlib.import_module("supervisor.signatures")
+        module = importlib.import_module("supervisor.classify.signatures")
         table: SignatureTable = module.load_signature_table()
     except (ImportError, AttributeError, TypeError, SupervisorError):
         return None

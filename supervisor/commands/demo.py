@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from supervisor.app import quarantine_dir, run_daemon
+from supervisor.classify.table import load_table
+from supervisor.commands.gate import gate_main
+from supervisor.commands.preflight import preflight_main
+from supervisor.commands.triage import triage
 from supervisor.config import (
     Config,
     JournalConfig,
@@ -44,8 +48,7 @@ from supervisor.config import (
     SystemdConfig,
     UnitConfig,
 )
-from supervisor.environment import EnvironmentLog
-from supervisor.gatecmd import gate_main
+from supervisor.environment.log import EnvironmentLog
 from supervisor.journal.writer import (
     FieldValue,
     JournalWriter,
@@ -53,13 +56,10 @@ from supervisor.journal.writer import (
     lifecycle,
     service_lines,
 )
-from supervisor.loader import load_table
 from supervisor.model import LifecycleEvent
-from supervisor.preflight import preflight_main
 from supervisor.store import Store
-from supervisor.triage import triage
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parent.parent / "data"
 SEED_LOG = DATA_DIR / "seed-flashinfer-crash.log"
 DEMO_UNIT = "vllm.service"
 HUNG_UNIT = "vllm-chat.service"

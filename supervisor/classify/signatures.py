@@ -22,9 +22,9 @@ from typing import Any
 import re2
 
 import supervisor
+from supervisor.classify.schema import SignatureSpec, parse_table_file
 from supervisor.errors import SignatureTableError
 from supervisor.model import Severity
-from supervisor.signature_schema import SignatureSpec, parse_table_file
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
 DEFAULT_MAX_LINE_CHARS = 4096

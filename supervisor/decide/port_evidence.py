@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from supervisor.config import Config
+from supervisor.decide.policy import as_dry_run
+from supervisor.environment.ports import Holder, Listener, holders, listeners
 from supervisor.model import Action, Decision, JournalEntry, LifecycleEvent, Outcome, Severity
-from supervisor.policy import as_dry_run
-from supervisor.portholder import Holder, Listener, holders, listeners
 
 log = structlog.get_logger(__name__)
 

@@ -2,7 +2,7 @@
 
 When a supervised unit starts a new invocation (its first journal line or PID 1's "Started"
 carries a new invocation id), the daemon probes the unit's interpreter in a thread and keeps the
-snapshot in the environment log (supervisor.environment). A start becomes *good* once one of its
+snapshot in the environment log (supervisor.environment.log). A start becomes *good* once one of its
 lines says the server is serving, or once it ran `drift.good_start_s`. When an invocation
 crashes, its outcome carries what changed since the last good start
 (`flashinfer-python 0.6.3 → 0.6.4`), which history and Slack show.
@@ -24,14 +24,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from supervisor.environment import (
-    EnvironmentLog,
-    EnvSnapshot,
-    ProbeError,
-    interpreter_from_exec_start,
-    is_serving_line,
-    snapshot,
-)
+from supervisor.environment.execstart import interpreter_from_exec_start
+from supervisor.environment.log import EnvironmentLog
+from supervisor.environment.probe import ProbeError
+from supervisor.environment.serving import is_serving_line
+from supervisor.environment.snapshot import EnvSnapshot, snapshot
 from supervisor.errors import StateError, SystemdError
 from supervisor.model import JournalEntry, Outcome
 

@@ -18,7 +18,7 @@ from urllib.parse import quote, unquote
 
 import structlog
 
-from supervisor.private import make_dirs
+from supervisor.util.files import make_dirs
 
 _log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ knows about an ended invocation:
   served, versus those that can change (connection errors, timeouts). Both kinds in one line,
   a guessed line (no error line at all), or a run whose start was not read: no inference.
 - *drift*: a change in the served environment since the last good start.
-- *repetition* is the policy's (supervisor.policy): the same fingerprint ending consecutive
+- *repetition* is the policy's (supervisor.decide.policy): the same fingerprint ending consecutive
   invocations, each within the same short time of starting.
 
 `assess` turns a verdict whose severity no signature settled into an inferred one, and says
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from supervisor.model import Invocation, Severity, Verdict
 
 if TYPE_CHECKING:
-    from supervisor.classify import Classifier
+    from supervisor.classify.classifier import Classifier
 
 _MAX_CAUSE_CHARS = 4096  # the classifier's own cap on a root-cause line
 # argparse's and clap's (TGI's launcher) usage errors.

@@ -33,10 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from supervisor.fingerprint import fingerprint
-from supervisor.logline import Annotated, Role, TracebackBlock, annotate, crash_form, parse_line
+from supervisor.classify.fingerprint import fingerprint
+from supervisor.classify.logline import (
+    Annotated,
+    Role,
+    TracebackBlock,
+    annotate,
+    crash_form,
+    parse_line,
+)
+from supervisor.classify.signatures import SignatureMatch, SignatureTable
 from supervisor.model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
-from supervisor.signatures import SignatureMatch, SignatureTable
 
 # A line matching a cause signature; an exception (or another crash form: a Rust panic, a usage
 # error, C++'s `what():`) no signature knows; an error-level message; a cause signature matched

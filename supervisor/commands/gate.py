@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from supervisor.actions.gatekeeper import Reply, ask, socket_path
+from supervisor.actions.quarantine import Quarantine
 from supervisor.config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR
-from supervisor.quarantine import Quarantine
 
 QUARANTINE_SUBDIR = "quarantine"
 EXIT_ALLOW = 0

@@ -1,0 +1,1 @@
+"""The CLI commands, one module each: thin, built from the stages."""

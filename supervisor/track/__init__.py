@@ -1,0 +1,1 @@
+"""Tracking: journal entries grouped into invocations of each unit, and how each ended."""
