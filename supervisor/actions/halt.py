@@ -9,7 +9,6 @@ retryable D-Bus errors; every attempt is bounded by `timeout_s`.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,12 +22,12 @@ from supervisor.actions.quarantine import Quarantine
 from supervisor.actions.systemd import SystemdClient
 from supervisor.errors import SystemdError
 from supervisor.model import Outcome
+from supervisor.util.retry import Backoff
 
 _log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-BACKOFF_BASE_S = 0.2
-BACKOFF_MAX_S = 5.0
+SYSTEMD_RETRY = Backoff(0.2, 5.0, jitter=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,7 +169,7 @@ class Halter:
                 # A repeated identical failure is logged once, not once per attempt.
                 _log.warning("systemd_retry", action=action, unit=unit, reason=error.reason)
             errors.append(error)
-            await self._sleep(_backoff(len(errors)))
+            await self._sleep(SYSTEMD_RETRY.delay(len(errors)))
         last = errors[-1]
         _log.error(
             "systemd_action_failed",
@@ -204,12 +203,6 @@ def quarantine_record(outcome: Outcome) -> dict[str, Any]:
         "exit_status": inv.exit_status,
         "restarts": inv.restarts,
     }
-
-
-def _backoff(attempt: int) -> float:
-    """Exponential backoff with full jitter, capped."""
-    ceiling = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (attempt - 1))
-    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not cryptography
 
 
 def _describe(

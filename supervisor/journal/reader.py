@@ -45,6 +45,7 @@ from supervisor.journal.export import (
     decode_all,
 )
 from supervisor.model import JournalEntry
+from supervisor.util.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -191,12 +192,15 @@ class JournalctlReader:
     async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
         """Entries in journal order, in batches; ends at EOF when not following, or on `stop`."""
         stop = stop or asyncio.Event()
-        backoff = self.settings.backoff_s
+        retry = Backoff(
+            self.settings.backoff_s, max(self.settings.backoff_s, self.settings.backoff_max_s)
+        )
+        failures = 0  # restarts since the last batch
         while not stop.is_set():
             received = 0
             async for batch in self._run_once(stop):
                 received += len(batch)
-                backoff = self.settings.backoff_s
+                failures = 0
                 yield batch
             if stop.is_set() or not self.settings.follow:
                 return
@@ -209,10 +213,11 @@ class JournalctlReader:
             self.restarts += 1
             reason = "exited" if received or self.cursor is None else "no_output"
             self._on_restart(reason)
+            failures += 1
+            backoff = retry.delay(failures)
             log.warning("journal_reader_restarting", reason=reason, backoff_s=backoff)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
-            backoff = min(backoff * 2, self.settings.backoff_max_s)
 
     async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
         use_pidfd_child_watcher()

@@ -59,6 +59,7 @@ from supervisor.notify.slack import (
 from supervisor.store import Store, Writer
 from supervisor.telemetry.metrics import Metrics
 from supervisor.util.aio import first_of
+from supervisor.util.retry import Backoff
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -514,9 +515,8 @@ class Outbox:
 
     def _backoff(self, attempts: int, exc: NotifyError) -> float:
         """Capped exponential backoff with jitter; at least Slack's Retry-After."""
-        cap = self._config.backoff_max_s
-        delay = min(cap, BACKOFF_BASE_S * 2.0 ** (attempts - 1))
-        delay = delay / 2 + self._rng.uniform(0, delay / 2)
+        cap = max(BACKOFF_BASE_S, self._config.backoff_max_s)
+        delay = Backoff(BACKOFF_BASE_S, cap, jitter=True).delay(attempts, self._rng)
         if isinstance(exc, SlackRateLimited) and exc.retry_after is not None:
             delay = max(delay, min(cap, exc.retry_after))
         return delay
