@@ -41,8 +41,8 @@ from typing import Any
 
 from bench.crashloop import LoopTiming, write_crash_loop
 from bench.decisions_report import render, tally_all
-from supervisor.app import load_table
 from supervisor.classify.signatures import SignatureTable
+from supervisor.classify.table import load_table
 from supervisor.commands.triage import collect
 from supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
 

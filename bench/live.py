@@ -154,8 +154,7 @@ async def _follow(root: Path) -> dict[str, Any]:
     """The follower process: the real Daemon, timed per batch."""
     from supervisor.actions.actor import Actor
     from supervisor.actions.halt import Halter
-    from supervisor.actions.quarantine import Quarantine
-    from supervisor.app import quarantine_dir
+    from supervisor.actions.quarantine import Quarantine, quarantine_dir
     from supervisor.classify.table import load_table
     from supervisor.config import (
         Config,

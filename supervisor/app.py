@@ -16,15 +16,15 @@ import structlog
 from supervisor.actions.actor import Actor
 from supervisor.actions.gatekeeper import GateServer, socket_path
 from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine
+from supervisor.actions.quarantine import Quarantine, quarantine_dir, quarantined_units
 from supervisor.actions.sdnotify import Notifier, watchdog_interval
 from supervisor.actions.systemd import SystemdClient
 from supervisor.classify.table import load_table
-from supervisor.commands.gate import QUARANTINE_SUBDIR, quarantine_dirs
 from supervisor.config import Config, parse_listen, resolve_webhook
-from supervisor.daemon import Daemon
-from supervisor.decide import hang, port_evidence
-from supervisor.environment import drift
+from supervisor.daemon import Daemon, supervised_machine_id
+from supervisor.decide.hang import HangWatcher
+from supervisor.decide.port_evidence import PortEvidence
+from supervisor.environment.drift import DriftRecorder
 from supervisor.environment.log import EnvironmentLog
 from supervisor.errors import StateError
 from supervisor.notify.outbox import Outbox
@@ -37,14 +37,6 @@ from supervisor.util.files import make_dirs
 log = structlog.get_logger(__name__)
 
 LOCK_NAME = "daemon.lock"
-
-
-def quarantine_dir(config: Config) -> Path:
-    """Where halts are recorded: runtime (cleared at boot) unless persistence is asked for."""
-    base = (
-        config.state.state_dir if config.state.persistent_quarantine else config.state.runtime_dir
-    )
-    return base / QUARANTINE_SUBDIR
 
 
 async def run_daemon(
@@ -95,6 +87,14 @@ async def _run(
         metrics,
         gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
     )
+    hangs = HangWatcher(config, systemd=control)
+    recorder = DriftRecorder(
+        config,
+        EnvironmentLog(store),
+        exec_start=control.exec_start if control else None,
+        on_snapshot=metrics.environment_snapshot,
+    )
+    ports = PortEvidence(config, machine_id=supervised_machine_id(config))
     daemon = Daemon(
         config,
         table,
@@ -104,11 +104,11 @@ async def _run(
         notifier=outbox,
         reporter=notifier,
         load_config=reload_config,
-        extra_tasks=[_watchdog(notifier)],
+        hooks=[hangs, recorder, ports],
+        tasks=[recorder.run, _watchdog(notifier)],
+        sources=[hangs],
+        drift=recorder.changes,
     )
-    hang.install(daemon, systemd=control)
-    drift.install(daemon, EnvironmentLog(store), exec_start=control.exec_start if control else None)
-    port_evidence.install(daemon)
     gates = GateServer(
         socket_path(config.state.runtime_dir),
         ready=daemon.gate_answer,
@@ -169,14 +169,6 @@ async def _listen(config: Config, server: MetricsServer, gates: GateServer) -> N
             action="gates fall back to the quarantine records alone (a short RestartSec= "
             "may let one start through before a halt)",
         )
-
-
-def quarantined_units(config: Config) -> set[str]:
-    """Every unit with a quarantine record, in the runtime or the persistent directory."""
-    units: set[str] = set()
-    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
-        units |= set(Quarantine(directory).list())
-    return units
 
 
 class DaemonLock:

@@ -20,9 +20,9 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -39,52 +39,19 @@ from supervisor.journal.reader import (
     resolve_source,
 )
 from supervisor.journal.writer import local_boot_id, local_machine_id
-from supervisor.model import Invocation, JournalEntry, Outcome, Taken
+from supervisor.model import Ending, Invocation, JournalEntry, Outcome, Taken
 from supervisor.pipeline import Pipeline
-from supervisor.store import Checkpoint, Store, Writer
+from supervisor.seams import BatchHook, DriftLookup, Notifying, OutcomeSource, StatusReporter, Task
+from supervisor.store import Checkpoint, Store
 from supervisor.telemetry.metrics import Metrics
 from supervisor.track.tracker import SuppressionNotice
 from supervisor.util.aio import first_of
+from supervisor.util.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
 COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
 GATE_KICK_S = 0.01  # while a gate waits for its start to be read, the reader looks this often
-
-
-class Notifying(Protocol):
-    """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
-
-    def writer_for(self, outcome: Outcome) -> Writer: ...
-
-    async def run(self, stop: asyncio.Event) -> None: ...
-
-    def wake(self) -> None: ...
-
-    def hold(self, outcome: Outcome) -> None: ...
-
-
-class BatchHook(Protocol):
-    """Sees each batch before the pipeline and each outcome before it is acted on.
-
-    `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
-    await briefly to enrich an outcome (supervisor.decide.port_evidence,
-    supervisor.environment.drift); `reconfigure` takes a reloaded config.
-    """
-
-    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
-
-    async def outcome(self, outcome: Outcome) -> Outcome: ...
-
-    def reconfigure(self, config: Config) -> None: ...
-
-
-class StatusReporter(Protocol):
-    """Tells systemd how the daemon is (sd_notify)."""
-
-    def ready(self) -> None: ...
-
-    def status(self, text: str) -> None: ...
 
 
 @dataclass(slots=True)
@@ -115,8 +82,10 @@ class Daemon:
         notifier: Notifying | None = None,
         reporter: StatusReporter | None = None,
         load_config: Callable[[], Config] | None = None,
-        extra_tasks: Sequence[Callable[[asyncio.Event], Coroutine[None, None, None]]] = (),
         hooks: Sequence[BatchHook] = (),
+        tasks: Sequence[Task] = (),
+        sources: Sequence[OutcomeSource] = (),
+        drift: DriftLookup | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -126,15 +95,16 @@ class Daemon:
         self.reporter = reporter
         self.state = DaemonState()
         self._load_config = load_config
-        self.extra_tasks = list(extra_tasks)  # supervisor.decide.hang and .drift add theirs
-        self.hooks: list[BatchHook] = list(hooks)
+        self.hooks = tuple(hooks)
+        self.tasks = tuple(tasks)
+        self.sources = tuple(sources)
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
         self._progress = asyncio.Event()  # replaced (after being set) at each handled batch
         self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
-        self.machine_id = config.journal.machine_id or local_machine_id()
+        self.machine_id = supervised_machine_id(config)
         self.boot_id = local_boot_id()
         self.checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
@@ -143,6 +113,7 @@ class Daemon:
             policy_state=store.load_unit_states(),
             observer=metrics.outcome,
             on_skip=lambda: metrics.entry_invalid("pipeline_error"),
+            drift=drift,
         )
         self.reader = JournalctlReader(
             self._reader_settings(),
@@ -191,8 +162,10 @@ class Daemon:
             tasks.create_task(self._checkpoint_quiet(stop))
             if self.notifier is not None:
                 tasks.create_task(self.notifier.run(stop))
-            for extra in self.extra_tasks:
-                tasks.create_task(extra(stop))
+            for task in self.tasks:
+                tasks.create_task(task(stop))
+            for source in self.sources:
+                tasks.create_task(source.run(stop, self))
             try:
                 await self._follow(stop)
             finally:
@@ -311,6 +284,29 @@ class Daemon:
         self.pipeline.policy.forget(unit)
         self.metrics.units_halted(unit, False)
         log.info("unit_released", unit=unit)
+
+    def is_open(self, unit: str, invocation_id: str | None) -> bool:
+        """True while `unit`'s invocation (`invocation_id`, or any when None) has not ended."""
+        current = self.pipeline.tracker.open_invocation(unit)
+        if current is None:
+            return False
+        return invocation_id is None or current.invocation_id == invocation_id
+
+    async def end_hung(
+        self, unit: str, host: str | None, invocation_id: str | None
+    ) -> Outcome | None:
+        """End a hung invocation (its engine died, its unit stays up) and handle it like any
+        ended invocation: the pipeline decides, the actor acts, the batch is recorded."""
+        async with self.lock:
+            if not self.is_open(unit, invocation_id):  # it ended while the hang was confirmed
+                return None
+            invocation = self.pipeline.tracker.close(unit, host, invocation_id, Ending.HUNG)
+            if invocation is None:
+                return None
+            outcome = self.pipeline.decide(invocation)
+            self.metrics.engine_hung(unit, outcome.decision.action)
+            recorded = await self.handle_outcomes([outcome])
+        return recorded[0] if recorded else outcome
 
     async def handle_outcomes(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`.
@@ -474,15 +470,16 @@ class Daemon:
 
     async def _retry_commits(self, stop: asyncio.Event) -> None:
         """Retry a failed commit with capped backoff, also while the journal is quiet."""
-        delay = COMMIT_RETRY_S
+        retry = Backoff(COMMIT_RETRY_S, max(COMMIT_RETRY_S, self.config.state.commit_retry_max_s))
+        failures = 0  # retries in this outage
         while not stop.is_set():
             if self.state.commit_error is None:
-                delay = COMMIT_RETRY_S
+                failures = 0
                 self._uncommitted.clear()
                 await first_of(self._uncommitted.wait(), stop.wait())
                 continue
-            await first_of(stop.wait(), at_most_s=delay)
-            delay = min(delay * 2, self.config.state.commit_retry_max_s)
+            failures += 1
+            await first_of(stop.wait(), at_most_s=retry.delay(failures))
             async with self.lock:
                 if self.state.commit_error is not None and not stop.is_set():
                     had = bool(self.state.pending)
@@ -559,6 +556,11 @@ class Daemon:
                 f"following {units}; {self.state.outcomes} invocations classified, "
                 f"{self.state.halts} halts; last: {self.state.last_verdict}"
             )
+
+
+def supervised_machine_id(config: Config) -> str:
+    """The machine whose units the daemon may act on: the configured one, or this host."""
+    return config.journal.machine_id or local_machine_id()
 
 
 def _after(cursor: str, saved: str) -> bool:

@@ -302,3 +302,23 @@ def _iso(us: int | None) -> str | None:
         return datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="seconds")
     except (OverflowError, OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitState:
+    """A snapshot of one unit's state as systemd reports it."""
+
+    active_state: str  # active | activating | deactivating | inactive | failed | reloading
+    sub_state: str  # for a service: running | auto-restart | exited | dead | failed | ...
+    n_restarts: int  # systemd's automatic restart counter (NRestarts)
+    result: str  # the last run's result: success | exit-code | signal | ...
+    invocation_id: str  # hex, "" when the unit never ran
+    main_pid: int  # 0 when no main process runs
+    load_state: str = "loaded"
+
+    @property
+    def restarting_or_running(self) -> bool:
+        """True when a stop is needed to keep the unit down (it runs or a restart is pending)."""
+        return self.active_state in ("active", "activating", "reloading") or (
+            self.sub_state == "auto-restart"
+        )

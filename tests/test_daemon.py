@@ -11,8 +11,7 @@ from conftest import poll
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine
-from supervisor.app import quarantine_dir
+from supervisor.actions.quarantine import Quarantine, quarantine_dir
 from supervisor.classify.table import load_table
 from supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
 from supervisor.config import Config

@@ -112,7 +112,12 @@ def _store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _setup(
-    tmp_path: Path, store: Store, env: FakeEnv, *, good_start_s: float = 600.0
+    tmp_path: Path,
+    store: Store,
+    env: FakeEnv,
+    *,
+    good_start_s: float = 600.0,
+    decide_on_drift: bool = False,
 ) -> tuple[Daemon, DriftRecorder]:
     base = demo_config(tmp_path)
     config: Config = dataclasses.replace(
@@ -122,17 +127,22 @@ def _setup(
         # Decide on PID 1's "Failed" message itself: these tests feed whole batches.
         tracker=TrackerConfig(settle_s=0),
     )
-    daemon = Daemon(
-        config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
-    )
+    metrics = Metrics(new_registry(process=False))
     recorder = DriftRecorder(
         config,
         EnvironmentLog(store),
         exec_start=None,
         snapshotter=env,
-        on_snapshot=daemon.metrics.environment_snapshot,
+        on_snapshot=metrics.environment_snapshot,
     )
-    daemon.hooks.append(recorder)
+    daemon = Daemon(
+        config,
+        load_table(config),
+        store=store,
+        metrics=metrics,
+        hooks=[recorder],
+        drift=recorder.changes if decide_on_drift else None,
+    )
     return daemon, recorder
 
 
@@ -251,8 +261,7 @@ class TestDriftAsEvidence:
     ) -> None:
         """The decision reads the drift the daemon recorded, and its reason names it."""
         env = FakeEnv()
-        daemon, recorder = _setup(tmp_path, store, env, good_start_s=600.0)
-        daemon.pipeline.drift = recorder.changes
+        daemon, recorder = _setup(tmp_path, store, env, good_start_s=600.0, decide_on_drift=True)
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:

@@ -12,17 +12,15 @@ import pytest
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine
-from supervisor.actions.systemd import UnitState
-from supervisor.app import quarantine_dir
+from supervisor.actions.quarantine import Quarantine, quarantine_dir
 from supervisor.classify.table import load_table
 from supervisor.commands.demo import demo_config
 from supervisor.config import Config, UnitConfig, validate
 from supervisor.daemon import Daemon
-from supervisor.decide.hang import HangDetector, HangWatcher, install
+from supervisor.decide.hang import HangDetector, HangWatcher
 from supervisor.errors import ConfigError
 from supervisor.journal.writer import JournalWriter, lifecycle, service_lines
-from supervisor.model import JournalEntry, LifecycleEvent
+from supervisor.model import JournalEntry, LifecycleEvent, UnitState
 from supervisor.store import Store
 from supervisor.telemetry.metrics import Metrics, new_registry
 
@@ -200,7 +198,13 @@ def _store(tmp_path: Path) -> Iterator[Store]:
     store.close()
 
 
-def _daemon(config: Config, store: Store, systemd: FakeSystemd | None = None) -> Daemon:
+def _daemon(
+    config: Config,
+    store: Store,
+    systemd: FakeSystemd | None = None,
+    *,
+    watcher: HangWatcher | None = None,
+) -> Daemon:
     halter = Halter(
         Quarantine(quarantine_dir(config)),
         systemd,  # type: ignore[arg-type]
@@ -214,6 +218,8 @@ def _daemon(config: Config, store: Store, systemd: FakeSystemd | None = None) ->
         store=store,
         metrics=metrics,
         actor=Actor(halter, systemd, metrics),
+        hooks=[watcher] if watcher is not None else [],
+        sources=[watcher] if watcher is not None else [],
     )
 
 
@@ -241,18 +247,17 @@ class TestHangWatcher:
         """A due unit is handled only when systemd says active and the health URL fails."""
         config = _config(tmp_path, health_url="http://127.0.0.1:1/health")
         systemd = FakeSystemd(active_state)
-        daemon = _daemon(config, store, systemd)
         clock = Clock()
 
         async def health(url: str) -> bool:
             return not healthy
 
-        watcher = HangWatcher(daemon, systemd=systemd, health=health, clock=clock)
-        daemon.hooks.append(watcher)
+        watcher = HangWatcher(config, systemd=systemd, health=health, clock=clock)
+        daemon = _daemon(config, store, systemd, watcher=watcher)
         await daemon.handle_batch([line("INFO starting"), line(DEAD)])
         clock.now += 1
         assert watcher.detector.due(clock.now) == [UNIT]
-        outcome = await watcher.check(UNIT)
+        outcome = await watcher.check(UNIT, daemon)
         assert (outcome is not None) == hung
         assert systemd.calls == (2 if hung else 1)  # the watcher's check, then the actor's
         assert systemd.restarted == ([UNIT] if restarted else [])
@@ -264,13 +269,12 @@ class TestHangWatcher:
     ) -> None:
         """After a hang is handled, the invocation's own end is not recorded a second time."""
         config = _config(tmp_path)
-        daemon = _daemon(config, store)
         clock = Clock()
-        watcher = HangWatcher(daemon, systemd=None, clock=clock)
-        daemon.hooks.append(watcher)
+        watcher = HangWatcher(config, systemd=None, clock=clock)
+        daemon = _daemon(config, store, watcher=watcher)
         await daemon.handle_batch([line("INFO starting"), line(DEAD)])
         clock.now += 1
-        assert await watcher.check(UNIT) is not None
+        assert await watcher.check(UNIT, daemon) is not None
         outcomes = await daemon.handle_batch(
             [line("INFO shutting down"), pid1(LifecycleEvent.DEACTIVATED)]
         )
@@ -297,8 +301,7 @@ async def test_daemon_records_a_hung_engine_on_a_real_journal(tmp_path: Path, st
     server = await _serve_500()
     port = server.sockets[0].getsockname()[1]
     config = _config(tmp_path, health_url=f"http://127.0.0.1:{port}/health", hang_grace_s=1.0)
-    daemon = _daemon(config, store)
-    install(daemon, systemd=None)
+    daemon = _daemon(config, store, watcher=HangWatcher(config, systemd=None))
     inv = uuid.uuid4().hex
     entries = [
         lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.", JOB_RESULT="done"),

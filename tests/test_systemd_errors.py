@@ -24,9 +24,18 @@ from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
 from supervisor.actions.presence import Here
 from supervisor.actions.quarantine import Quarantine
-from supervisor.actions.systemd import SystemdClient, UnitState
+from supervisor.actions.systemd import SystemdClient
 from supervisor.errors import SystemdError
-from supervisor.model import Action, Decision, Invocation, Outcome, Severity, Taken, Verdict
+from supervisor.model import (
+    Action,
+    Decision,
+    Invocation,
+    Outcome,
+    Severity,
+    Taken,
+    UnitState,
+    Verdict,
+)
 from supervisor.telemetry.metrics import Metrics, new_registry
 
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"

@@ -29,9 +29,8 @@ import structlog
 
 from supervisor.actions.halt import Halter, HaltResult
 from supervisor.actions.presence import Here, Judgement, Presence, judge
-from supervisor.actions.systemd import UnitState
 from supervisor.errors import SystemdError
-from supervisor.model import Action, Decision, Ending, Outcome, Taken
+from supervisor.model import Action, Decision, Ending, Outcome, Taken, UnitState
 from supervisor.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)

@@ -17,8 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from supervisor.actions.systemd import UnitState
-from supervisor.model import Invocation
+from supervisor.model import Invocation, UnitState
 
 
 class Presence(StrEnum):

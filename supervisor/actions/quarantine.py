@@ -12,12 +12,14 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
 import structlog
 
+from supervisor.config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
 from supervisor.util.files import make_dirs
 
 _log = structlog.get_logger(__name__)
@@ -25,6 +27,8 @@ _log = structlog.get_logger(__name__)
 FILE_MODE = 0o640
 DIR_MODE = 0o750
 SUFFIX = ".json"
+QUARANTINE_SUBDIR = "quarantine"
+DEFAULT_DIRS = (DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR)
 # Characters systemd allows in unit names, minus "\" and "/"; the rest is %-escaped.
 _SAFE = "@:_-."
 
@@ -140,3 +144,32 @@ def _parse(unit: str, path: Path, text: str) -> dict[str, Any]:
         error = f"expected a JSON object, got {type(record).__name__}"
     _log.warning("quarantine_record_corrupt", unit=unit, path=str(path), error=error)
     return {"unit": unit, "corrupt": True, "error": f"{path}: {error}"}
+
+
+def quarantine_dir(config: Config) -> Path:
+    """Where halts are recorded: runtime (cleared at boot) unless persistence is asked for."""
+    base = (
+        config.state.state_dir if config.state.persistent_quarantine else config.state.runtime_dir
+    )
+    return base / QUARANTINE_SUBDIR
+
+
+def quarantine_dirs(
+    runtime_dir: Path, state_dir: Path, defaults: Sequence[Path] = DEFAULT_DIRS
+) -> list[Path]:
+    """Every directory a record of the daemon may live in, whatever its settings."""
+    candidates = (runtime_dir, state_dir, *defaults)
+    unique: list[Path] = []
+    for base in candidates:
+        path = base / QUARANTINE_SUBDIR
+        if path not in unique:
+            unique.append(path)
+    return unique
+
+
+def quarantined_units(config: Config) -> set[str]:
+    """Every unit with a quarantine record, in the runtime or the persistent directory."""
+    units: set[str] = set()
+    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
+        units |= set(Quarantine(directory).list())
+    return units

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 from dbus_fast import BusType, Message, MessageType, Variant
@@ -19,6 +18,7 @@ from dbus_fast.aio import MessageBus
 from dbus_fast.errors import AuthError, DBusError, DBusFastError, InvalidAddressError
 
 from supervisor.errors import SystemdError
+from supervisor.model import UnitState
 
 SYSTEMD_BUS_NAME: Final = "org.freedesktop.systemd1"
 MANAGER_PATH: Final = "/org/freedesktop/systemd1"
@@ -44,26 +44,6 @@ _ERROR_MAP: Final[Mapping[str, tuple[str, bool]]] = {
     "org.freedesktop.DBus.Error.LimitsExceeded": ("dbus_error", True),
     "org.freedesktop.DBus.Error.NoMemory": ("dbus_error", True),
 }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UnitState:
-    """A snapshot of one unit's state as systemd reports it."""
-
-    active_state: str  # active | activating | deactivating | inactive | failed | reloading
-    sub_state: str  # for a service: running | auto-restart | exited | dead | failed | ...
-    n_restarts: int  # systemd's automatic restart counter (NRestarts)
-    result: str  # the last run's result: success | exit-code | signal | ...
-    invocation_id: str  # hex, "" when the unit never ran
-    main_pid: int  # 0 when no main process runs
-    load_state: str = "loaded"
-
-    @property
-    def restarting_or_running(self) -> bool:
-        """True when a stop is needed to keep the unit down (it runs or a restart is pending)."""
-        return self.active_state in ("active", "activating", "reloading") or (
-            self.sub_state == "auto-restart"
-        )
 
 
 def map_dbus_error(exc: BaseException, what: str) -> SystemdError:

@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from supervisor.app import quarantine_dir, run_daemon
+from supervisor.actions.quarantine import quarantine_dir
+from supervisor.app import run_daemon
 from supervisor.classify.table import load_table
 from supervisor.commands.gate import gate_main
 from supervisor.commands.preflight import preflight_main

@@ -22,28 +22,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from supervisor.actions.gatekeeper import Reply, ask, socket_path
-from supervisor.actions.quarantine import Quarantine
-from supervisor.config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR
+from supervisor.actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
 
-QUARANTINE_SUBDIR = "quarantine"
 EXIT_ALLOW = 0
 EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.service(5))
-
-
-DEFAULT_DIRS = (DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR)
-
-
-def quarantine_dirs(
-    runtime_dir: Path, state_dir: Path, defaults: Sequence[Path] = DEFAULT_DIRS
-) -> list[Path]:
-    """Every directory a record of the daemon may live in, whatever its settings."""
-    candidates = (runtime_dir, state_dir, *defaults)
-    unique: list[Path] = []
-    for base in candidates:
-        path = base / QUARANTINE_SUBDIR
-        if path not in unique:
-            unique.append(path)
-    return unique
 
 
 RELEASE_NOTIFY_TIMEOUT_S = 2.0

@@ -31,8 +31,7 @@ from typing import Any, Protocol, TextIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from supervisor.actions.quarantine import Quarantine
-from supervisor.commands.gate import quarantine_dirs
+from supervisor.actions.quarantine import Quarantine, quarantine_dirs
 from supervisor.config import DriftConfig
 from supervisor.environment.execstart import interpreter_from_exec_start
 from supervisor.environment.log import EnvironmentLog

@@ -7,11 +7,12 @@ proc EngineCore_0 died unexpectedly`, ...) and answers every request with 500 wh
 notice it.
 
 `HangDetector` is pure: it notes each unit's first engine-death line and says when the grace
-period has passed without the invocation ending. `HangWatcher` is the daemon task around it: it
-sleeps until the next deadline, confirms the hang (the unit is still `active` per systemd, and
-the loopback health URL fails), ends the invocation as hung and hands it to the daemon like any
-ended invocation: the shared pipeline decides, the actor acts (a halt for a fatal verdict, a
-restart otherwise; supervisor.actions).
+period has passed without the invocation ending. `HangWatcher` is the daemon's batch hook and
+outcome source around it: it sleeps until the next deadline, confirms the hang (the unit is still
+`active` per systemd, and the loopback health URL fails) and hands the invocation to the daemon
+(`Supervision.end_hung`), which ends it as hung and handles it like any ended invocation: the
+shared pipeline decides, the actor acts (a halt for a fatal verdict, a restart otherwise;
+supervisor.actions). Nothing here stops or restarts a unit.
 
 The death lines are a short list of their own, not the table's `wrapper` signatures: those also
 match lines that precede a normal exit (`Received sigquit from a child process`, TGI's shard
@@ -26,19 +27,15 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 import httpx
 import structlog
 
-from supervisor.actions.systemd import UnitState
 from supervisor.config import Config
 from supervisor.errors import SystemdError
-from supervisor.model import Ending, JournalEntry, LifecycleEvent, Outcome
+from supervisor.model import JournalEntry, LifecycleEvent, Outcome
+from supervisor.seams import Supervision, UnitStates
 from supervisor.util.aio import first_of
-
-if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
 
 log = structlog.get_logger(__name__)
 
@@ -150,29 +147,20 @@ async def health_fails(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool
     return not response.is_success
 
 
-class UnitStates(Protocol):
-    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
-
-    async def unit_state(self, unit: str) -> UnitState: ...
-
-
 class HangWatcher:
-    """The daemon task that confirms and handles hung engines; also a daemon batch hook."""
+    """Confirms hung engines and hands them to the daemon; a batch hook and an outcome source."""
 
     def __init__(
         self,
-        daemon: Daemon,
+        config: Config,
         *,
         systemd: UnitStates | None,
         health: Callable[[str], Awaitable[bool]] = health_fails,
         clock: Callable[[], float] = time.monotonic,
         systemd_timeout_s: float = 10.0,
     ) -> None:
-        self.daemon = daemon
-        self.config: Config = daemon.config
-        self.detector = HangDetector(
-            {u.name: u.hang_grace_s for u in self.config.units}, clock=clock
-        )
+        self.config = config
+        self.detector = HangDetector({u.name: u.hang_grace_s for u in config.units}, clock=clock)
         self._systemd = systemd
         self._health = health
         self._clock = clock
@@ -204,12 +192,12 @@ class HangWatcher:
         self.config = config
         self.detector.regrace({u.name: u.hang_grace_s for u in config.units})
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, supervision: Supervision) -> None:
         """Sleep until the next grace period ends (or a new death is seen); check due units."""
         while not stop.is_set():
             await self._sleep(stop)
             for unit in self.detector.due(self._clock()):
-                await self.check(unit)
+                await self.check(unit, supervision)
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         due = self.detector.next_due()
@@ -217,45 +205,29 @@ class HangWatcher:
         self._wake.clear()
         await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
 
-    async def check(self, unit: str) -> Outcome | None:
-        """Confirm a due unit's hang and handle it; the outcome, or None when it is not hung."""
+    async def check(self, unit: str, supervision: Supervision) -> Outcome | None:
+        """Confirm a due unit's hang and hand it over; the outcome, or None when not hung."""
         noted = self.detector.death(unit)
-        if noted is None or not self._still_open(unit, noted[0]):
+        if noted is None or not supervision.is_open(unit, noted[0]):
             self.detector.forget(unit)
             return None
         if not await self._confirmed(unit):
             return None
-        async with self.daemon.lock:
-            return await self._handle(unit, noted)
-
-    async def _handle(self, unit: str, noted: tuple[str | None, str | None, str]) -> Outcome | None:
         self.detector.forget(unit)
         invocation_id, host, line = noted
-        if not self._still_open(unit, invocation_id):  # it ended while we asked
+        outcome = await supervision.end_hung(unit, host, invocation_id)
+        if outcome is None:
             return None
-        pipeline = self.daemon.pipeline
-        invocation = pipeline.tracker.close(unit, host, invocation_id, Ending.HUNG)
-        if invocation is None:
-            return None
-        if invocation.invocation_id is not None:
-            self._hung.append((unit, invocation.invocation_id))
-        outcome = pipeline.decide(invocation)
+        if outcome.invocation.invocation_id is not None:
+            self._hung.append((unit, outcome.invocation.invocation_id))
         log.warning(
             "engine_hung",
             unit=unit,
-            invocation_id=invocation.invocation_id,
+            invocation_id=outcome.invocation.invocation_id,
             death_line=line,
             action=outcome.decision.action.value,
         )
-        self.daemon.metrics.engine_hung(unit, outcome.decision.action)
-        recorded = await self.daemon.handle_outcomes([outcome])
-        return recorded[0] if recorded else outcome
-
-    def _still_open(self, unit: str, invocation_id: str | None) -> bool:
-        current = self.daemon.pipeline.tracker.open_invocation(unit)
-        if current is None:
-            return False
-        return invocation_id is None or current.invocation_id == invocation_id
+        return outcome
 
     async def _confirmed(self, unit: str) -> bool:
         """The unit is still active (when systemd is used) and its health URL fails (if set)."""
@@ -278,11 +250,3 @@ class HangWatcher:
             self.detector.forget(unit)
             return False
         return True
-
-
-def install(daemon: Daemon, *, systemd: UnitStates | None) -> HangWatcher:
-    """Add hang detection to `daemon`: its batch hook and its timer task."""
-    watcher = HangWatcher(daemon, systemd=systemd)
-    daemon.hooks.append(watcher)
-    daemon.extra_tasks.append(watcher.run)
-    return watcher

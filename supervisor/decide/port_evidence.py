@@ -31,7 +31,6 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -53,9 +52,6 @@ Holders = Callable[[int], list[Holder]]
 Listeners = Callable[[int], list[Listener]]
 _LIVE_S = 5.0  # a start read later than this: the socket table now says nothing of then
 _STARTS_KEPT = 64
-
-if TYPE_CHECKING:
-    from supervisor.daemon import Daemon
 
 
 def port_of(captures: dict[str, str], root_cause: str | None, configured: int | None) -> int | None:
@@ -197,10 +193,3 @@ class PortEvidence:
 def _noted(outcome: Outcome, note: str) -> Outcome:
     verdict = dataclasses.replace(outcome.verdict, notes=(*outcome.verdict.notes, note))
     return dataclasses.replace(outcome, verdict=verdict)
-
-
-def install(daemon: Daemon) -> PortEvidence:
-    """Add the port hook to `daemon`."""
-    hook = PortEvidence(daemon.config, machine_id=daemon.machine_id)
-    daemon.hooks.append(hook)
-    return hook

@@ -20,10 +20,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
+from supervisor.config import Config
 from supervisor.environment.execstart import interpreter_from_exec_start
 from supervisor.environment.log import EnvironmentLog
 from supervisor.environment.probe import ProbeError
@@ -31,10 +31,6 @@ from supervisor.environment.serving import is_serving_line
 from supervisor.environment.snapshot import EnvSnapshot, snapshot
 from supervisor.errors import StateError, SystemdError
 from supervisor.model import JournalEntry, Outcome
-
-if TYPE_CHECKING:
-    from supervisor.config import Config
-    from supervisor.daemon import Daemon
 
 log = structlog.get_logger(__name__)
 
@@ -221,19 +217,3 @@ class DriftRecorder:
             self.envlog.mark_good(good.unit, good.invocation_id)
         except StateError as exc:
             log.error("drift_mark_good_failed", unit=good.unit, error=str(exc))
-
-
-def install(
-    daemon: Daemon, envlog: EnvironmentLog, *, exec_start: ExecStart | None
-) -> DriftRecorder:
-    """Add drift recording to `daemon`: its batch hook and its recorder task."""
-    recorder = DriftRecorder(
-        daemon.config,
-        envlog,
-        exec_start=exec_start,
-        on_snapshot=daemon.metrics.environment_snapshot,
-    )
-    daemon.hooks.append(recorder)
-    daemon.extra_tasks.append(recorder.run)
-    daemon.pipeline.drift = recorder.changes
-    return recorder

@@ -1,0 +1,86 @@
+"""The seams of the daemon: what its parts hand each other, in one place.
+
+`app.run_daemon` composes the daemon from parts built beforehand (structlog's
+`configure(processors=[...])` is the model): hooks that see every batch and every outcome
+(drift, the port holder, the hang watcher), tasks that run beside it (the drift recorder, the
+watchdog), sources that find ended invocations the journal never reports (a hung engine), the
+actor, the notifier. No part reaches into the daemon: a source is handed `Supervision`, the
+narrow face of the daemon it needs, when it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Protocol
+
+from supervisor.config import Config
+from supervisor.model import JournalEntry, Outcome, UnitState
+from supervisor.store import Writer
+
+# What changed in a unit's environment since its last good start, by (unit, invocation id).
+DriftLookup = Callable[[str, str], list[str]]
+# Runs beside the daemon until its event is set (the drift recorder, the watchdog).
+Task = Callable[[asyncio.Event], Coroutine[None, None, None]]
+
+
+class BatchHook(Protocol):
+    """Sees each batch before the pipeline and each outcome before it is acted on.
+
+    `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
+    await briefly to enrich an outcome (supervisor.decide.port_evidence,
+    supervisor.environment.drift); `reconfigure` takes a reloaded config.
+    """
+
+    def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
+
+    async def outcome(self, outcome: Outcome) -> Outcome: ...
+
+    def reconfigure(self, config: Config) -> None: ...
+
+
+class Supervision(Protocol):
+    """What the daemon offers a source of ended invocations (supervisor.decide.hang)."""
+
+    def is_open(self, unit: str, invocation_id: str | None) -> bool:
+        """True while `unit`'s invocation (`invocation_id`, or any when None) has not ended."""
+        ...
+
+    async def end_hung(
+        self, unit: str, host: str | None, invocation_id: str | None
+    ) -> Outcome | None:
+        """End the invocation as hung, then decide, act on and record it like any other;
+        the outcome as recorded, or None when it had already ended."""
+        ...
+
+
+class OutcomeSource(Protocol):
+    """Finds ended invocations that no journal entry reports, and hands them to the daemon."""
+
+    async def run(self, stop: asyncio.Event, supervision: Supervision) -> None: ...
+
+
+class Notifying(Protocol):
+    """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
+
+    def writer_for(self, outcome: Outcome) -> Writer: ...
+
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def hold(self, outcome: Outcome) -> None: ...
+
+
+class StatusReporter(Protocol):
+    """Tells systemd how the daemon is (sd_notify)."""
+
+    def ready(self) -> None: ...
+
+    def status(self, text: str) -> None: ...
+
+
+class UnitStates(Protocol):
+    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
+
+    async def unit_state(self, unit: str) -> UnitState: ...
