@@ -28,7 +28,7 @@ from supervisor.environment.drift import DriftRecorder
 from supervisor.environment.log import EnvironmentLog
 from supervisor.errors import StateError
 from supervisor.notify.outbox import Outbox
-from supervisor.notify.slack import SlackWebhook
+from supervisor.notify.webhook import SlackWebhook
 from supervisor.store import Store
 from supervisor.telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
 from supervisor.telemetry.metrics import Metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -210,6 +210,17 @@ class Store:
             return self.connection.execute(sql, args).fetchall()
         except sqlite3.Error as exc:
             raise StateError(f"{self.path}: read failed: {exc}") from exc
+
+
+def mark_notified(
+    db: sqlite3.Connection, invocations: Iterable[tuple[str | None, str | None]]
+) -> None:
+    """Mark recorded invocations (unit, invocation id) as told, inside the caller's transaction
+    (the outbox marks its message sent in the same one)."""
+    db.executemany(
+        "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
+        list(invocations),
+    )
 
 
 def _dump(value: Any) -> str:

@@ -21,7 +21,7 @@ from supervisor.environment.drift import DriftRecorder
 from supervisor.environment.log import EnvironmentLog
 from supervisor.environment.snapshot import EnvSnapshot
 from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
-from supervisor.notify.slack import build_payload
+from supervisor.notify.message import build_payload
 from supervisor.store import Store
 from supervisor.telemetry.metrics import Metrics, new_registry
 

@@ -16,7 +16,7 @@ from supervisor.config import Secret, SlackConfig
 from supervisor.errors import StateError
 from supervisor.model import Action, Outcome, Severity
 from supervisor.notify.outbox import Outbox
-from supervisor.notify.slack import SlackWebhook
+from supervisor.notify.webhook import SlackWebhook
 from supervisor.store import Checkpoint, Store
 from supervisor.telemetry.metrics import Metrics, new_registry
 

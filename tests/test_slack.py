@@ -16,17 +16,16 @@ from slack_server import SECRET, Reply, SlackServer
 from supervisor.config import Secret, SlackConfig
 from supervisor.errors import NotifyError
 from supervisor.model import Action, Severity, Taken
-from supervisor.notify.outbox import Outbox
-from supervisor.notify.slack import (
+from supervisor.notify.decision import Group
+from supervisor.notify.message import (
     FIELD_LIMIT,
     HEADER_LIMIT,
     SECTION_LIMIT,
     TRUNCATED,
-    Group,
-    SlackRateLimited,
-    SlackWebhook,
     build_payload,
 )
+from supervisor.notify.outbox import Outbox
+from supervisor.notify.webhook import SlackRateLimited, SlackWebhook
 from supervisor.store import Checkpoint, Store
 from supervisor.telemetry.metrics import Metrics, new_registry
 

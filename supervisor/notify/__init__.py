@@ -1,3 +1,3 @@
-"""Telling people about crashes: the Slack message and webhook, and the durable outbox."""
-
-from __future__ import annotations
+"""Telling people about crashes: whether and how (`decision`), the durable queue (`queue`), the
+delivery loop with pacing and retries (`outbox`), the Slack message (`message`) and webhook
+(`webhook`)."""

@@ -1,11 +1,12 @@
-"""A durable outbox for Slack messages, in the supervisor's own SQLite database.
+"""The durable outbox's delivery loop: pacing, retries, holding through a disk outage, health.
 
-Queueing is a `Writer` that runs inside the batch's transaction (`Store.commit_batch`), so a
-message exists exactly when the crash it reports is recorded. `Outbox.run` delivers pending
+Whether a crash is told is `notify.decision`'s; the tables are `notify.queue`'s; this module times
+and sends. Queueing is a `Writer` that runs inside the batch's transaction (`Store.commit_batch`),
+so a message exists exactly when the crash it reports is recorded. `Outbox.run` delivers pending
 messages, marks the crashes `notified` in the history in the same transaction that marks the
-message sent, and survives supervisor restarts: each crash is announced once. (Only a crash of
-the supervisor between Slack's 200 and that commit can repeat a message: at-least-once at the
-wire, exactly-once in the database.)
+message sent, and survives supervisor restarts: each crash is announced once. (Only a crash of the
+supervisor between Slack's 200 and that commit can repeat a message: at-least-once at the wire,
+exactly-once in the database.)
 
 While the database cannot be written (disk full), alerting goes on from memory: a 200 whose
 "sent" cannot be recorded is kept in memory (that message is not sent again) and recorded once
@@ -47,45 +48,20 @@ import structlog
 from supervisor.config import SlackConfig
 from supervisor.errors import NotifyError, StateError
 from supervisor.model import Outcome
-from supervisor.notify.slack import (
-    Group,
-    SlackRateLimited,
-    SlackWebhook,
-    build_payload,
+from supervisor.notify.decision import (
+    NotifyReason,
+    dedupe_key,
     group_key,
     is_backlog,
-    is_notable,
+    telling,
 )
+from supervisor.notify.message import build_payload
+from supervisor.notify.queue import MemberKey, OutboxQueue, QueuedMessage, dump
+from supervisor.notify.webhook import SlackRateLimited, SlackWebhook
 from supervisor.store import Store, Writer
 from supervisor.telemetry.metrics import Metrics
 from supervisor.util.aio import first_of
 from supervisor.util.retry import Backoff
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY,
-    group_key TEXT,                         -- unit NUL signature; NULL: never grouped
-    created REAL NOT NULL,
-    due REAL NOT NULL,                      -- not before this unix time
-    attempts INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending | sent | failed
-    sent_at REAL,
-    payload TEXT NOT NULL,                  -- the Slack JSON body
-    last_error TEXT                         -- a bounded reason, never the URL
-);
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (state, due);
-CREATE TABLE IF NOT EXISTS outbox_member (
-    id INTEGER PRIMARY KEY,
-    message_id INTEGER NOT NULL,
-    unit TEXT,
-    invocation_id TEXT,
-    dedupe_key TEXT,                        -- invocation id (or cursor); NULL: no dedupe
-    time REAL NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS outbox_member_key
-    ON outbox_member (ifnull(unit, ''), dedupe_key);
-CREATE INDEX IF NOT EXISTS outbox_member_message ON outbox_member (message_id);
-"""
 
 BACKOFF_BASE_S = 1.0
 RETENTION_S = 7 * 86400.0  # delivered and failed messages are kept this long for inspection
@@ -100,23 +76,12 @@ Sleep = Callable[[float], Awaitable[Any]]
 _log = structlog.get_logger()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Message:
-    id: int
-    due: float
-    attempts: int
-    payload: str
-
-
 @dataclass(slots=True, kw_only=True)
 class _Held:
     """A message for a crash the database could not record yet; `sent_at` once delivered."""
 
     payload: str
     sent_at: float | None = None
-
-
-MemberKey = tuple[str, str]  # (unit or "", dedupe key): one crash in outbox_member
 
 
 def _noop(db: sqlite3.Connection) -> None:
@@ -154,109 +119,54 @@ class Outbox:
         self._held: dict[MemberKey, _Held] = {}  # crashes not in the database yet, oldest first
         self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
         self._state_error: str | None = None  # the last write error, logged once
-        try:
-            store.connection.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StateError(f"{store.path}: cannot create the outbox tables: {exc}") from exc
+        self._queue = OutboxQueue(store)
 
     # -- queueing (inside the batch transaction) ----------------------------------------------
 
     def writer_for(self, outcome: Outcome) -> Writer:
         """A writer for `Store.commit_batch(extra=[...])` that queues this crash's message."""
-        if self._webhook is None or not is_notable(outcome):
-            return _noop
-        key = group_key(outcome)
-        if key is not None and not is_backlog(key) and not self._config.notify_transient:
+        reason = self._telling(outcome)
+        if reason is NotifyReason.MUTED:
             self._metrics.notification("dropped")
+        if not reason.tells:
             return _noop
 
         def write(db: sqlite3.Connection) -> None:
-            self._queue(db, outcome)
+            self._add(db, outcome)
 
         return write
 
-    def _queue(self, db: sqlite3.Connection, outcome: Outcome) -> None:
-        """Add the crash as a member of a new or an open group message; ignore a replay."""
-        now, inv = self._now(), outcome.invocation
-        when = inv.ended_us / 1_000_000 if inv.ended_us else now
-        key = _dedupe_key(outcome)
-        member = db.execute(
-            "INSERT OR IGNORE INTO outbox_member"
-            " (message_id, unit, invocation_id, dedupe_key, time) VALUES (0, ?, ?, ?, ?)",
-            (inv.unit, inv.invocation_id, key, when),
+    def _telling(self, outcome: Outcome) -> NotifyReason:
+        return telling(
+            outcome,
+            endpoint=self._webhook is not None,
+            notify_transient=self._config.notify_transient,
         )
-        if member.rowcount == 0:
-            return  # this invocation is already queued: a replayed batch
+
+    def _add(self, db: sqlite3.Connection, outcome: Outcome) -> None:
+        """Add the crash to a new or an open group message; ignore a replay."""
+        now, key = self._now(), dedupe_key(outcome)
+        held = self._held.get((outcome.invocation.unit or "", key)) if key else None
         group = group_key(outcome)
-        message_id = self._open_group(db, group)
-        if message_id is None:
-            message_id = self._new_message(db, group, now)
-            self._metrics.notification("queued")
-        else:
-            self._metrics.notification("grouped")
-        db.execute(
-            "UPDATE outbox_member SET message_id = ? WHERE id = ?", (message_id, member.lastrowid)
-        )
-        payload = build_payload(
-            outcome, host=self._host, group=self._group(db, message_id) if group else None
-        )
-        db.execute("UPDATE outbox SET payload = ? WHERE id = ?", (_dump(payload), message_id))
-        held = self._held.get((inv.unit or "", key)) if key else None
-        if held is not None and held.sent_at is not None:
+        # The first message about crashes read late waits a little, so a backlog read at start-up
+        # (30 crashes while the supervisor was down) becomes one summary message, not 30.
+        added = self._queue.add(
+            db,
+            outcome,
+            now=now,
+            due=now + (self._config.backlog_hold_s if is_backlog(group) else 0.0),
+            group_interval_s=self._config.group_interval_s,
+            inflight=self._inflight,
+            render=lambda grouped: build_payload(outcome, host=self._host, group=grouped),
             # Announced from memory while the database was full: record it as sent, once.
-            db.execute(
-                "UPDATE outbox SET state = 'sent', sent_at = ?, attempts = 1 WHERE id = ?",
-                (held.sent_at, message_id),
-            )
-            db.execute(
-                "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
-                (inv.unit, inv.invocation_id),
-            )
+            sent_at=held.sent_at if held is not None else None,
+        )
+        if added is None:
+            return  # this invocation is already queued: a replayed batch
+        self._metrics.notification(added)
         # The run loop cannot see the row before this synchronous commit returns, so waking
         # it now is safe; after a rollback it simply finds nothing new.
         self._wake.set()
-
-    def _open_group(self, db: sqlite3.Connection, key: str | None) -> int | None:
-        """The pending message this group's next crash joins (never the one being sent)."""
-        if key is None:
-            return None
-        row = db.execute(
-            "SELECT id FROM outbox WHERE group_key = ? AND state = 'pending' AND id IS NOT ?"
-            " ORDER BY id LIMIT 1",
-            (key, self._inflight),
-        ).fetchone()
-        return None if row is None else int(row[0])
-
-    def _new_message(self, db: sqlite3.Connection, key: str | None, now: float) -> int:
-        """A new pending message; a group's is due one interval after the group's previous one."""
-        # The first message about crashes read late waits a little, so a backlog read at start-up
-        # (30 crashes while the supervisor was down) becomes one summary message, not 30.
-        due = now + (self._config.backlog_hold_s if is_backlog(key) else 0.0)
-        if key is not None:
-            (last,) = db.execute(
-                "SELECT max(CASE WHEN state = 'sent' THEN sent_at ELSE created END)"
-                " FROM outbox WHERE group_key = ?",
-                (key,),
-            ).fetchone()
-            if last is not None:
-                due = max(now, float(last) + self._config.group_interval_s)
-        cursor = db.execute(
-            "INSERT INTO outbox (group_key, created, due, payload) VALUES (?, ?, ?, '{}')",
-            (key, now, due),
-        )
-        return int(cursor.lastrowid or 0)
-
-    def _group(self, db: sqlite3.Connection, message_id: int) -> Group:
-        count, first, last = db.execute(
-            "SELECT count(*), min(time), max(time) FROM outbox_member WHERE message_id = ?",
-            (message_id,),
-        ).fetchone()
-        return Group(
-            count=int(count),
-            first=float(first),
-            last=float(last),
-            interval_s=self._config.group_interval_s,
-        )
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -270,36 +180,26 @@ class Outbox:
         Grouped crashes (transient, read late) are left to the database (they are the least
         urgent); everything else goes out now instead of waiting for the disk to be fixed.
         """
-        key = _dedupe_key(outcome)
-        if self._webhook is None or key is None or not is_notable(outcome):
-            return
-        if group_key(outcome) is not None:
+        key = dedupe_key(outcome)
+        if key is None or self._telling(outcome) is not NotifyReason.ALONE:
             return
         member = (outcome.invocation.unit or "", key)
         if member not in self._held:
             payload = build_payload(outcome, host=self._host)
-            self._held[member] = _Held(payload=_dump(payload))
+            self._held[member] = _Held(payload=dump(payload))
             self._wake.set()
 
     def depth(self) -> int:
         """Messages waiting for delivery."""
-        try:
-            row = self._store.connection.execute(
-                "SELECT count(*) FROM outbox WHERE state = 'pending'"
-            ).fetchone()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self._store.path}: cannot read the outbox: {exc}") from exc
-        return int(row[0])
+        return self._queue.depth()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: unhealthy on a backlog, repeated failures or a stuck queue."""
         if self._webhook is None:
             return True, {"slack": "off", "reasons": []}
         try:
-            depth, overdue = self._store.connection.execute(
-                "SELECT count(*), ? - min(due) FROM outbox WHERE state = 'pending'", (self._now(),)
-            ).fetchone()
-        except sqlite3.Error as exc:
+            depth, overdue = self._queue.backlog(self._now())
+        except StateError as exc:
             return False, {"outbox_depth": None, "reasons": [f"outbox unreadable: {exc}"]}
         reasons = []
         if depth > MAX_HEALTHY_DEPTH:
@@ -317,7 +217,7 @@ class Outbox:
         if self._webhook is None:
             await stop.wait()
             return
-        self._prune()
+        self._queue.prune(self._now() - RETENTION_S)
         while not stop.is_set():
             self._wake.clear()
             try:
@@ -329,7 +229,7 @@ class Outbox:
     async def _step(self, stop: asyncio.Event) -> None:
         """Deliver the next due message, or wait until one is due or new work arrives."""
         self._settle_memory()
-        message = self._next()
+        message = self._queue.next_due(list(self._unrecorded))
         held = next((k for k, h in self._held.items() if h.sent_at is None), None)
         self._metrics.outbox_depth(self.depth() + len(self._held))
         now = self._now()
@@ -345,20 +245,6 @@ class Outbox:
             await self._deliver(message)
         elif held is not None:
             await self._deliver_held(held)
-
-    def _next(self) -> _Message | None:
-        skip = json.dumps(list(self._unrecorded))
-        try:
-            row = self._store.connection.execute(
-                "SELECT id, due, attempts, payload FROM outbox WHERE state = 'pending'"
-                " AND id NOT IN (SELECT value FROM json_each(?)) ORDER BY due, id LIMIT 1",
-                (skip,),
-            ).fetchone()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self._store.path}: cannot read the outbox: {exc}") from exc
-        if row is None:
-            return None
-        return _Message(id=row[0], due=row[1], attempts=row[2], payload=row[3])
 
     async def _wait(self, stop: asyncio.Event, seconds: float | None) -> None:
         """Until `stop`, `wake()` or `seconds` (the injected sleep), whichever comes first."""
@@ -380,7 +266,7 @@ class Outbox:
             return NotifyError("slack: timeout: no answer", reason="timeout", retryable=True)
         return None
 
-    async def _deliver(self, message: _Message) -> None:
+    async def _deliver(self, message: QueuedMessage) -> None:
         self._inflight = message.id
         try:
             error = await self._attempt(message.payload, message.attempts)
@@ -394,7 +280,7 @@ class Outbox:
     async def _deliver_held(self, member: MemberKey) -> None:
         """Send a held crash; if its batch was committed meanwhile, settle it in the database."""
         error = await self._attempt(self._held[member].payload, 0)
-        message = self._committed(member)
+        message = self._queue.of_member(member)
         if message is not None:
             del self._held[member]
             if error is None:
@@ -411,39 +297,23 @@ class Outbox:
         else:
             self._failed_endpoint(error, dropped=False)
 
-    def _committed(self, member: MemberKey) -> _Message | None:
-        """The pending database message of a held crash, once its batch is committed."""
-        try:
-            row = self._store.connection.execute(
-                "SELECT o.id, o.due, o.attempts, o.payload FROM outbox o JOIN outbox_member m"
-                " ON m.message_id = o.id WHERE ifnull(m.unit, '') = ? AND m.dedupe_key = ?",
-                member,
-            ).fetchone()
-        except sqlite3.Error:
-            return None
-        return (
-            None
-            if row is None
-            else _Message(id=row[0], due=row[1], attempts=row[2], payload=row[3])
-        )
-
     def _settle_memory(self) -> None:
         """Record deliveries the database missed; forget held crashes it now has."""
         for message_id, sent_at in list(self._unrecorded.items()):
             try:
-                self._record_sent(message_id, sent_at)
+                self._queue.record_sent(message_id, sent_at)
             except StateError:
                 return
             del self._unrecorded[message_id]
             self._state_recovered()
-        for member in [m for m, h in self._held.items() if self._committed(m) is not None]:
+        for member in [m for m, h in self._held.items() if self._queue.of_member(m) is not None]:
             del self._held[member]
 
-    def _delivered(self, message: _Message) -> None:
+    def _delivered(self, message: QueuedMessage) -> None:
         """Mark the message sent and its crashes notified; keep that in memory if it fails."""
         now = self._now()
         try:
-            self._record_sent(message.id, now)
+            self._queue.record_sent(message.id, now)
         except StateError as exc:
             # Slack has it: never send it again, record it when the database takes writes.
             self._unrecorded[message.id] = now
@@ -451,22 +321,6 @@ class Outbox:
         else:
             self._state_recovered()
         self._sent_ok(message.attempts)
-
-    def _record_sent(self, message_id: int, sent_at: float) -> None:
-        with self._store.transaction() as db:
-            db.execute(
-                "UPDATE outbox SET state = 'sent', sent_at = ?, attempts = attempts + 1,"
-                " last_error = NULL WHERE id = ?",
-                (sent_at, message_id),
-            )
-            # The same update as Store.mark_notified, inside this transaction so "sent" and
-            # "notified" can never disagree.
-            db.execute(
-                "UPDATE history SET notified = 1 WHERE EXISTS (SELECT 1 FROM outbox_member m"
-                " WHERE m.message_id = ? AND m.invocation_id IS NOT NULL"
-                " AND m.unit IS history.unit AND m.invocation_id = history.invocation_id)",
-                (message_id,),
-            )
 
     def _sent_ok(self, attempts: int = 0) -> None:
         self._next_send_at = self._now() + self._config.min_interval_s
@@ -486,14 +340,14 @@ class Outbox:
             _log.info("outbox_state_recovered")
         self._state_error = None
 
-    def _failed(self, message: _Message, exc: NotifyError) -> None:
+    def _failed(self, message: QueuedMessage, exc: NotifyError) -> None:
         """Back the endpoint off, or give the message up when permanent or out of attempts."""
         attempts = message.attempts + (0 if exc.reason in UNREACHABLE else 1)
         if exc.retryable and attempts < self._config.max_attempts:
-            self._update(message.id, attempts, "pending", message.due, exc.reason)
+            self._queue.update(message.id, attempts, "pending", message.due, exc.reason)
             self._failed_endpoint(exc, dropped=False, attempt=attempts)
         else:
-            self._update(message.id, attempts, "failed", message.due, exc.reason)
+            self._queue.update(message.id, attempts, "failed", message.due, exc.reason)
             self._failed_endpoint(exc, dropped=True, attempt=attempts)
 
     def _failed_endpoint(self, exc: NotifyError, *, dropped: bool, attempt: int = 1) -> None:
@@ -520,31 +374,3 @@ class Outbox:
         if isinstance(exc, SlackRateLimited) and exc.retry_after is not None:
             delay = max(delay, min(cap, exc.retry_after))
         return delay
-
-    def _update(self, message_id: int, attempts: int, state: str, due: float, error: str) -> None:
-        with self._store.transaction() as db:
-            db.execute(
-                "UPDATE outbox SET attempts = ?, state = ?, due = ?, last_error = ? WHERE id = ?",
-                (attempts, state, due, error, message_id),
-            )
-
-    def _prune(self) -> None:
-        """Forget delivered and failed messages past the retention period."""
-        horizon = self._now() - RETENTION_S
-        with self._store.transaction() as db:
-            db.execute(
-                "DELETE FROM outbox_member WHERE message_id IN (SELECT id FROM outbox"
-                " WHERE state != 'pending' AND created < ?)",
-                (horizon,),
-            )
-            db.execute("DELETE FROM outbox WHERE state != 'pending' AND created < ?", (horizon,))
-
-
-def _dedupe_key(outcome: Outcome) -> str | None:
-    """What makes a crash unique in the outbox: its invocation id, else its last cursor."""
-    inv = outcome.invocation
-    return inv.invocation_id or (f"cursor:{inv.last_cursor}" if inv.last_cursor else None)
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

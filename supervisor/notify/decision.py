@@ -1,0 +1,97 @@
+"""Whether and how a crash is told: the pure decision before any message is built.
+
+`telling` returns a `NotifyReason`, as Alertmanager's dedup stage (`needsUpdate`) returns a
+`NotifyReason`: the outbox queues, holds or drops by it and nothing else. Transient crashes of
+one unit and signature are folded into one message per group interval (`Group`, keyed by
+`group_key`); crashes read late, one summary per unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from supervisor.model import Action, Ending, Outcome, Severity, Taken
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Group:
+    """Transient crashes of one unit+signature folded into one message."""
+
+    count: int
+    first: float  # unix time of the first crash in the group
+    last: float  # unix time of the latest
+    interval_s: float  # the grouping interval
+
+
+# How an invocation ended without a crash worth telling: a person's stop, a start the gate
+# skipped (the halt was already told), the host's reboot, a saved journal's still-running one.
+_NOT_NEWS = frozenset(
+    {Ending.STOPPED, Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT, Ending.OPEN}
+)
+
+
+def is_notable(outcome: Outcome) -> bool:
+    """True for an invocation worth a message: systemd saw a failure or the lines show a crash,
+    or systemd gave up restarting it; never a person's stop or a skipped start."""
+    ending = outcome.invocation.ending
+    if ending is Ending.START_LIMIT:
+        return True
+    if ending in _NOT_NEWS:
+        return False
+    return outcome.invocation.failed or outcome.verdict.crashed
+
+
+def group_key(outcome: Outcome) -> str | None:
+    """Messages folded together: crashes read late, one summary per unit; transient crashes per
+    unit and signature. Fatal, unknown and acted-on crashes are never folded."""
+    unit = outcome.invocation.unit
+    if outcome.taken is Taken.RECORDED:
+        return f"{unit}\x00backlog"
+    transient = (
+        outcome.verdict.severity is Severity.TRANSIENT
+        and outcome.verdict.signature is not None
+        and outcome.decision.action is not Action.HALT
+    )
+    return f"{unit}\x00{outcome.verdict.signature}" if transient else None
+
+
+def is_backlog(key: str | None) -> bool:
+    """True for the group of crashes read late."""
+    return key is not None and key.endswith("\x00backlog")
+
+
+class NotifyReason(StrEnum):
+    """Why a crash is, or is not, told."""
+
+    OFF = "off"  # no endpoint configured
+    NOT_NEWS = "not_news"  # a person's stop, a skipped start, a reboot, a clean exit
+    MUTED = "muted"  # a transient crash while `slack.notify_transient` is off
+    ALONE = "alone"  # its own message, at once: fatal, unknown, acted on
+    GROUPED = "grouped"  # folded with the transient crashes of its unit and signature
+    BACKLOG = "backlog"  # read late: folded into the unit's summary of its backlog
+
+    @property
+    def tells(self) -> bool:
+        """True when the crash goes into a message."""
+        return self in (NotifyReason.ALONE, NotifyReason.GROUPED, NotifyReason.BACKLOG)
+
+
+def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> NotifyReason:
+    """Whether and how `outcome` is told."""
+    if not endpoint:
+        return NotifyReason.OFF
+    if not is_notable(outcome):
+        return NotifyReason.NOT_NEWS
+    key = group_key(outcome)
+    if key is None:
+        return NotifyReason.ALONE
+    if is_backlog(key):
+        return NotifyReason.BACKLOG
+    return NotifyReason.GROUPED if notify_transient else NotifyReason.MUTED
+
+
+def dedupe_key(outcome: Outcome) -> str | None:
+    """What makes a crash unique among messages: its invocation id, else its last cursor."""
+    inv = outcome.invocation
+    return inv.invocation_id or (f"cursor:{inv.last_cursor}" if inv.last_cursor else None)

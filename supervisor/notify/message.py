@@ -1,0 +1,215 @@
+"""The Slack message for a crash: an `Outcome` in, a Block Kit payload out.
+
+`build_payload` is pure, with a plain `text` fallback. Every piece of journal text is escaped
+(`& < >`), so a log line cannot ping `<!channel>` or forge a link, and every block stays within
+Slack's size limits (cut with a visible marker).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from supervisor.model import Outcome, Taken
+from supervisor.notify.decision import Group
+
+SECTION_LIMIT = 3000  # Slack: a section's text, a context element
+FIELD_LIMIT = 2000  # Slack: one section field
+HEADER_LIMIT = 150  # Slack: a header block's plain_text
+FALLBACK_LIMIT = 3000  # our own bound for the top-level `text`
+TRUNCATED = "… [truncated]"
+
+
+# -- the message ---------------------------------------------------------------------------------
+
+
+def escape(text: str) -> str:
+    """Escape Slack's control characters so text can never become a mention or a link."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut already-escaped text to `limit` characters, marking the cut, never inside `&..;`."""
+    if len(text) <= limit:
+        return text
+    cut = text[: max(0, limit - len(TRUNCATED))]
+    amp = cut.rfind("&", max(0, len(cut) - 5))
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + TRUNCATED
+
+
+def _code(text: str) -> str:
+    """Escaped text inside a code block; a ``` in the text would end the block early."""
+    return "```" + escape(text.replace("```", "`\u200b``")) + "```"
+
+
+def _section(title: str, body: str) -> dict[str, Any]:
+    text = truncate(f"*{title}*\n{body}", SECTION_LIMIT)
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text}}
+
+
+def _field(title: str, body: str) -> dict[str, str]:
+    return {"type": "mrkdwn", "text": truncate(f"*{title}*\n{body}", FIELD_LIMIT)}
+
+
+def _action_line(action: Taken, unit: str) -> str:
+    """What happened to the unit, and how a person undoes it."""
+    release = f"`vllm-supervisor release {escape(unit)}`"
+    return {
+        Taken.HALTED: f":octagonal_sign: Halted: systemd will not restart it. "
+        f"After fixing the cause, release it: {release}",
+        Taken.QUARANTINED: f":octagonal_sign: Quarantined: its gate refuses the next start, but "
+        f"systemd was not told (see the decision). After fixing the cause: {release}",
+        Taken.HALT_FAILED: ":rotating_light: Halt FAILED: the quarantine could not be written; "
+        "systemd may start it again.",
+        Taken.WOULD_HALT: ":warning: Dry run: no action taken (see the decision).",
+        Taken.RESTARTING: ":repeat: Restarting: systemd restarts it.",
+        Taken.RESTARTED: ":repeat: Restarted by the supervisor (systemd would not have).",
+        Taken.RESTART_FAILED: ":rotating_light: Restart FAILED: the server stays down.",
+        Taken.DOWN: ":red_circle: Down: nothing restarts it.",
+        Taken.RECORDED: ":scroll: Read late: recorded only, no action taken "
+        "(it is not the unit's present run).",
+        Taken.OBSERVED: ":eyes: Observed: no action taken.",
+    }[action]
+
+
+def _group_line(group: Group) -> str:
+    start = datetime.fromtimestamp(group.first, UTC).strftime("%H:%M")
+    end = datetime.fromtimestamp(group.last, UTC).strftime("%H:%M UTC")
+    minutes = max(1, round(group.interval_s / 60))
+    return (
+        f"{group.count} crash{'es' if group.count != 1 else ''} of this kind between {start} "
+        f"and {end} (grouped per {minutes} min)"
+    )
+
+
+def _crash_site(outcome: Outcome) -> str | None:
+    site, cause = outcome.verdict.crash_site, outcome.verdict.root_cause
+    if not site or (cause and site in cause):
+        return None
+    return site
+
+
+def _header(outcome: Outcome, host: str, group: Group | None) -> str:
+    unit = outcome.invocation.unit or "unknown unit"
+    if outcome.taken is Taken.RECORDED and group is not None and group.count > 1:
+        title = f"{group.count} past crashes read late"
+    else:
+        title = outcome.verdict.title
+    return truncate(escape(f"{title} — {unit} on {_host(outcome, host)}"), HEADER_LIMIT)
+
+
+def _host(outcome: Outcome, host: str) -> str:
+    """The host the invocation ran on (a journal directory may hold another's)."""
+    return outcome.invocation.hostname or host
+
+
+def _when(outcome: Outcome) -> str:
+    """When it ended, UTC, to the second."""
+    ended = outcome.invocation.ended_us
+    if ended is None:
+        return "unknown"
+    return datetime.fromtimestamp(ended / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:
+    verdict, inv = outcome.verdict, outcome.invocation
+    signature = verdict.signature or f"unknown (fingerprint {verdict.fingerprint or 'none'})"
+    restarts = "unknown" if inv.restarts is None else str(inv.restarts)
+    return [
+        _field("Host", escape(_host(outcome, host))),
+        _field("Unit", escape(inv.unit or "unknown")),
+        _field("Signature", escape(signature)),
+        _field("Severity", escape(verdict.severity.value)),
+        _field("Ended", escape(_when(outcome))),
+        _field("Invocation", escape(inv.invocation_id or "unknown")),
+        _field("Restarts", restarts),
+        _field("Exit", escape(_exit_text(outcome))),
+    ]
+
+
+def _exit_text(outcome: Outcome) -> str:
+    inv = outcome.invocation
+    parts = [p for p in (inv.exit_code, inv.result) if p]
+    if inv.exit_status is not None:
+        parts.append(f"status {inv.exit_status}")
+    if inv.oom_killed:
+        parts.append("OOM-killed")
+    if inv.hung:
+        parts.append("engine hung")
+    return ", ".join(parts) or "unknown"
+
+
+def _blocks(
+    outcome: Outcome, host: str, action: Taken, group: Group | None
+) -> list[dict[str, Any]]:
+    verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
+    header = _header(outcome, host, group)
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": header}},
+        {"type": "section", "fields": _fields(outcome, host)},
+        _section("Root cause", _code(verdict.root_cause or "no root-cause line found")),
+    ]
+    site = _crash_site(outcome)
+    if site:
+        blocks.append(_section("Crash site", _code(site)))
+    if verdict.remediation:
+        blocks.append(_section("Remediation", escape(verdict.remediation)))
+    if outcome.drift:
+        changed = escape("; ".join(outcome.drift))
+        blocks.append(_section("Changed since the last good start", changed))
+    if group is not None and group.count > 1:
+        blocks.append(_section("Grouped", escape(_group_line(group))))
+    if verdict.notes:
+        blocks.append(_section("Notes", escape("; ".join(verdict.notes))))
+    blocks.append(_section("Action", _action_line(action, unit)))
+    blocks.append(_section("Full log", _code(_log_command(outcome))))
+    said = f"Decision: {outcome.decision.reason}"
+    if outcome.taken_detail:
+        said += f". Done: {outcome.taken_detail}"
+    reason = truncate(escape(said), SECTION_LIMIT)
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": reason}]})
+    return blocks
+
+
+def _log_command(outcome: Outcome) -> str:
+    """The command that shows the invocation's whole log."""
+    inv = outcome.invocation
+    if inv.invocation_id:
+        ident = inv.invocation_id
+        return f"journalctl _SYSTEMD_INVOCATION_ID={ident} + INVOCATION_ID={ident}"
+    return f"journalctl -u {inv.unit or 'UNIT'}"
+
+
+def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -> str:
+    """The plain `text`: what notifications and clients without Block Kit show."""
+    verdict, unit = outcome.verdict, outcome.invocation.unit or "unknown"
+    restarts = outcome.invocation.restarts
+    lines = [
+        f"{_header(outcome, host, group)} ({verdict.severity.value}, "
+        f"restarts: {'unknown' if restarts is None else restarts})",
+        f"Ended {_when(outcome)}, invocation {outcome.invocation.invocation_id or 'unknown'}",
+        f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
+    ]
+    if outcome.invocation.hung:
+        lines.append(
+            "Engine hung: it logged its death and the unit stayed up past the grace period"
+        )
+    if outcome.drift:
+        lines.append(f"Changed since the last good start: {'; '.join(outcome.drift)}")
+    if group is not None and group.count > 1:
+        lines.append(_group_line(group))
+    lines.append(f"Action: {action.value}")
+    if action in (Taken.HALTED, Taken.QUARANTINED):
+        lines.append(f"Release: vllm-supervisor release {unit}")
+    return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
+
+
+def build_payload(outcome: Outcome, *, host: str, group: Group | None = None) -> dict[str, Any]:
+    """The webhook body for one crash (or a group of transient or late ones); pure."""
+    action = outcome.taken
+    return {
+        "text": _fallback(outcome, host, action, group),
+        "blocks": _blocks(outcome, host, action, group),
+    }

@@ -1,0 +1,228 @@
+"""Slack incoming webhooks: one delivery attempt, classified.
+
+`SlackWebhook.send` makes one attempt and classifies the result the way Alertmanager's
+`Retrier.Check` does: 2xx delivered; 5xx, 429 and transport errors (TLS included) retryable;
+any other status permanent. The webhook URL is the secret: it never appears in an error, a log
+line, a repr or a metric label (Alertmanager's `RedactURL`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from supervisor.config import Secret
+from supervisor.errors import NotifyError
+
+ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
+MAX_BODY_BYTES = 4096  # at most this much of a reply is read: a huge or endless body is cut
+REDACTED = "<redacted>"
+DEFAULT_TIMEOUT_S = 10.0
+MIN_SECRET_SEGMENT = 8  # path segments this long are redacted on their own ("services" too)
+
+# Error codes Slack documents for incoming webhooks; any other 4xx body becomes "http_4xx" so
+# the metric label stays bounded.
+SLACK_ERRORS = frozenset(
+    {
+        "invalid_payload",
+        "invalid_blocks",
+        "invalid_blocks_format",
+        "invalid_token",
+        "missing_text_or_fallback_or_attachments",
+        "no_text",
+        "no_service",
+        "no_service_id",
+        "no_team",
+        "team_disabled",
+        "channel_not_found",
+        "channel_is_archived",
+        "action_prohibited",
+        "posting_to_general_channel_denied",
+        "too_many_attachments",
+        "user_not_found",
+    }
+)
+
+
+# -- delivery ------------------------------------------------------------------------------------
+
+
+class SlackRateLimited(NotifyError):
+    """Slack answered 429; `retry_after` is its Retry-After in seconds, when it sent one."""
+
+    def __init__(self, message: str, *, retry_after: float | None) -> None:
+        super().__init__(message, reason="rate_limited", retryable=True)
+        self.retry_after = retry_after
+
+
+def redact(text: str, url: Secret) -> str:
+    """`text` with the webhook URL (and its secret path) replaced by a marker."""
+    for secret in _secret_parts(url):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def _secret_parts(url: Secret) -> list[str]:
+    """The URL, its path and query, and each long path segment (the token), longest first."""
+    parsed = httpx.URL(url.value)
+    parts = [url.value, parsed.path, parsed.query.decode("ascii", "replace")]
+    parts += [seg for seg in parsed.path.split("/") if len(seg) >= MIN_SECRET_SEGMENT]
+    return sorted({p for p in parts if len(p) > 1}, key=len, reverse=True)
+
+
+class _RedactFilter(logging.Filter):
+    """Strips the webhook URL from httpx's own INFO log ("HTTP Request: POST <url> ...")."""
+
+    def __init__(self, url: Secret) -> None:
+        super().__init__()
+        self._url = url
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(
+                redact(str(a), self._url) if isinstance(a, str | httpx.URL) else a for a in args
+            )
+        record.msg = redact(str(record.msg), self._url)
+        return True
+
+
+class SlackWebhook:
+    """One Slack incoming webhook; `send` makes one attempt and classifies the result."""
+
+    def __init__(
+        self,
+        url: Secret,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self._url = url
+        self._now = now
+        # identity: an error body is read raw and cut at MAX_BODY_BYTES, never decompressed.
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            timeout=timeout_s,
+            follow_redirects=False,
+            headers={"Accept-Encoding": "identity"},
+        )
+        self._filter = _RedactFilter(url)
+        logging.getLogger("httpx").addFilter(self._filter)
+
+    def __repr__(self) -> str:
+        return f"SlackWebhook(url={REDACTED!r})"
+
+    async def __aenter__(self) -> SlackWebhook:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool and stop filtering httpx's log for this URL."""
+        await self._client.aclose()
+        logging.getLogger("httpx").removeFilter(self._filter)
+
+    async def send(self, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> None:
+        """Post `payload` once; raises `NotifyError` (or `SlackRateLimited`) when not delivered.
+
+        Only the first MAX_BODY_BYTES of the reply are read, so an HTML error page, an endless
+        or a huge body costs bounded memory. `timeout_s` overrides the client's timeout.
+        """
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+        try:
+            async with self._client.stream(
+                "POST", self._url.value, json=dict(payload), timeout=timeout
+            ) as response:
+                if not 200 <= response.status_code < 300:
+                    body = await _read_bounded(response, MAX_BODY_BYTES)
+                    self._check(response.status_code, response.headers, body)
+        except httpx.HTTPError as exc:
+            # `from None`: the httpx exception holds the request and thus the URL.
+            raise self._transport_error(exc) from None
+
+    def _transport_error(self, exc: httpx.HTTPError) -> NotifyError:
+        """A retryable error naming what failed, without the URL."""
+        reason = _transport_reason(exc)
+        detail = redact(str(exc) or type(exc).__name__, self._url)
+        return NotifyError(
+            f"slack: {reason}: {type(exc).__name__}: {detail}", reason=reason, retryable=True
+        )
+
+    def _check(self, status: int, headers: httpx.Headers, body: bytes) -> None:
+        """Alertmanager's Retrier.Check: 2xx ok, 5xx and 429 retryable, other codes permanent."""
+        if 200 <= status < 300:
+            return
+        text = redact(_bounded(body.decode("utf-8", "replace")), self._url)
+        if status == 429:
+            retry_after = _retry_after(headers.get("retry-after"), self._now())
+            raise SlackRateLimited(
+                f"slack: rate limited (HTTP 429, retry after {retry_after}s): {text}",
+                retry_after=retry_after,
+            )
+        if status >= 500:
+            raise NotifyError(f"slack: HTTP {status}: {text}", reason="http_5xx", retryable=True)
+        reason = text if text in SLACK_ERRORS else f"http_{status // 100}xx"
+        raise NotifyError(f"slack: HTTP {status}: {text}", reason=reason, retryable=False)
+
+
+def _transport_reason(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return "connect"  # the request never left: retrying it cannot duplicate a message
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
+            return "tls"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    return "transport"
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of the body; the rest is never read (the connection is dropped)."""
+    if response.is_stream_consumed:
+        return response.content[:limit]  # already in memory (a test transport)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        chunks.append(chunk[: limit - size])
+        size += len(chunks[-1])
+        if size >= limit:
+            break
+    return b"".join(chunks)
+
+
+def _bounded(text: str) -> str:
+    """Slack's error body, one line, printable, at most ERROR_TEXT_LIMIT characters."""
+    flat = "".join(c if c.isprintable() else " " for c in text.strip())
+    return flat if len(flat) <= ERROR_TEXT_LIMIT else flat[: ERROR_TEXT_LIMIT - 1] + "…"
+
+
+def _retry_after(value: str | None, now: float) -> float | None:
+    """Retry-After in seconds: delta-seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError):
+        return None
