@@ -233,16 +233,52 @@ class Verdict:
         }
 
 
+class Rule(StrEnum):
+    """The rule that decided: a short code, bounded, the metric label (`Decision.reason` says
+    the rest in words)."""
+
+    # Not a crash (supervisor.decide.policy).
+    SKIPPED = "skipped"
+    GATE_STOPPED = "gate_stopped"
+    BOOT = "boot"
+    OPERATOR_STOP = "operator_stop"
+    STILL_RUNNING = "still_running"
+    START_LIMIT = "start_limit"
+    CLEAN_EXIT = "clean_exit"
+    # A crash (supervisor.decide.policy, supervisor.decide.port_evidence).
+    FATAL_SIGNATURE = "fatal_signature"
+    INFERRED_FATAL = "inferred_fatal"
+    PORT_HELD = "port_held"
+    FATAL_AFTER_SERVING = "fatal_after_serving"
+    TRANSIENT = "transient"
+    UNKNOWN_FIRST = "unknown_first"
+    UNKNOWN_REPEAT = "unknown_repeat"
+    UNKNOWN_AFTER_SERVING = "unknown_after_serving"
+    # Not the present invocation: recorded, not acted on (supervisor.actions.actor).
+    LATE = "late"
+    OTHER_HOST = "other_host"
+    PREVIOUS_BOOT = "previous_boot"
+    OTHER = "other"
+
+
+# The rules that halt: the values of vllm_supervisor_halts_total's `reason` label.
+HALT_RULES = (
+    Rule.FATAL_SIGNATURE,
+    Rule.UNKNOWN_REPEAT,
+    Rule.INFERRED_FATAL,
+    Rule.PORT_HELD,
+    Rule.OTHER,
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """What to do about an ended invocation, and why."""
 
     action: Action
-    reason: str
+    reason: str  # in words, for a person: what the rule saw
     dry_run: bool = False
-    # The rule that decided, a short code (a bounded metric label): fatal_signature,
-    # unknown_repeat, transient, unknown_first, clean_exit, operator_stop, skipped, boot, late...
-    rule: str = "other"
+    rule: Rule = Rule.OTHER
 
     def to_json(self) -> dict[str, Any]:
         """The `decision` object of the triage/history JSON contract."""
@@ -250,7 +286,7 @@ class Decision:
             "action": self.action.value,
             "reason": self.reason,
             "dry_run": self.dry_run,
-            "rule": self.rule,
+            "rule": self.rule.value,
         }
 
 

@@ -14,7 +14,7 @@ import pytest
 from notify_fakes import T0, make_outcome
 
 from supervisor import __version__
-from supervisor.model import Action, Severity
+from supervisor.model import Action, Rule, Severity
 from supervisor.telemetry.http import MetricsServer, combine_health, following_check
 from supervisor.telemetry.metrics import Metrics, new_registry
 
@@ -89,7 +89,7 @@ def _feed(metrics: Metrics) -> None:
     metrics.outcome(
         make_outcome(unit="sglang.service", signature=None, severity=Severity.UNKNOWN), 0.003
     )
-    metrics.halt("vllm.service", "fatal_signature", 1.5)
+    metrics.halt("vllm.service", Rule.FATAL_SIGNATURE, 1.5)
     metrics.notification("sent")
     metrics.outbox_depth(2)
     metrics.source_restart("exited")
@@ -205,7 +205,7 @@ class TestLabels:
         metrics.outcome(make_outcome(unit=None), 0.001)
         metrics.source_restart("journalctl died: Broken pipe at 0x7f")
         metrics.halt_failed("vllm.service", "D-Bus said: org.freedesktop.DBus.Error.NoReply")
-        metrics.halt("bad unit name with spaces", "fatal_signature", 0.1)
+        metrics.halt("bad unit name with spaces", Rule.FATAL_SIGNATURE, 0.1)
         metrics.notification("exploded")
         s = parse(metrics.exposition()[0].decode())
         p = "vllm_supervisor_"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from supervisor.decide.policy import RestartPolicy
-from supervisor.model import Action, Ending, Invocation, Severity, Verdict
+from supervisor.model import HALT_RULES, Action, Ending, Invocation, Rule, Severity, Verdict
 
 CRASHED = Invocation(
     unit="vllm.service",
@@ -112,3 +114,55 @@ def test_silent_crashes_are_fingerprinted_by_how_they_ended() -> None:
     silent = verdict(Severity.UNKNOWN, None)
     actions = [policy.decide(CRASHED, silent).action for _ in range(3)]
     assert actions[-1] is Action.HALT
+
+
+@given(
+    ending=st.sampled_from(Ending),
+    severity=st.sampled_from(Severity),
+    basis=st.sampled_from([None, "signature", "inferred", "repeated", "unknown"]),
+    exit_status=st.integers(0, 255),
+    served=st.booleans(),
+    fingerprint=st.none() | st.sampled_from(["a", "b"]),
+    dry_run=st.booleans(),
+    repeats=st.integers(1, 4),
+)
+def test_every_decision_names_a_bounded_rule(
+    ending: Ending,
+    severity: Severity,
+    basis: str | None,
+    exit_status: int,
+    served: bool,
+    fingerprint: str | None,
+    dry_run: bool,
+    repeats: int,
+) -> None:
+    """The rule is one of the enum's values whatever ended how (it is the metric label), a halt
+    is counted under a halt rule, and dry run never changes the rule."""
+    invocation = Invocation(
+        unit="vllm.service",
+        invocation_id="i",
+        lines=(),
+        exit_code="exited",
+        exit_status=exit_status,
+        result="exit-code" if exit_status else "success",
+        ending=ending,
+        started_us=1_000_000,
+        served_us=2_000_000 if served else None,
+    )
+    crash = Verdict(
+        signature=None,
+        severity=severity,
+        title="crash",
+        root_cause=None,
+        basis=basis,
+        fingerprint=fingerprint,
+        crashed=True,
+    )
+    wet, dry = RestartPolicy(), RestartPolicy()
+    for _ in range(repeats):
+        decision = wet.decide(invocation, crash)
+        dry_decision = dry.decide(invocation, crash, dry_run=dry_run)
+    assert isinstance(decision.rule, Rule)
+    assert dry_decision.rule is decision.rule
+    if decision.action is Action.HALT:
+        assert decision.rule in HALT_RULES

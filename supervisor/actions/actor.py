@@ -30,7 +30,7 @@ import structlog
 from supervisor.actions.halt import Halter, HaltResult
 from supervisor.actions.presence import Here, Judgement, Presence, judge
 from supervisor.errors import SystemdError
-from supervisor.model import Action, Decision, Ending, Outcome, Taken, UnitState
+from supervisor.model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
 from supervisor.telemetry.metrics import Metrics
 
 log = structlog.get_logger(__name__)
@@ -164,6 +164,13 @@ class Actor:
             return None
 
 
+_HISTORY_RULES = {
+    Presence.LATE: Rule.LATE,
+    Presence.OTHER_HOST: Rule.OTHER_HOST,
+    Presence.PREVIOUS_BOOT: Rule.PREVIOUS_BOOT,
+}
+
+
 def _taken(outcome: Outcome, taken: Taken, detail: str) -> Outcome:
     return dataclasses.replace(outcome, taken=taken, taken_detail=detail)
 
@@ -176,7 +183,7 @@ def _history(outcome: Outcome, judgement: Judgement) -> Outcome:
         action=Action.OBSERVE,
         reason=f"{judgement.reason}; recorded, not acted on (for the present it would be {said})",
         dry_run=decision.dry_run,
-        rule=judgement.presence.value.replace("-", "_"),
+        rule=_HISTORY_RULES.get(judgement.presence, Rule.OTHER),
     )
     return dataclasses.replace(
         outcome, decision=recorded, taken=Taken.RECORDED, taken_detail=judgement.reason

@@ -32,19 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.classify.determinism import Phase
-from supervisor.model import Action, Decision, Ending, Invocation, Severity, Verdict
+from supervisor.model import Action, Decision, Ending, Invocation, Rule, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
 
 _NOT_A_CRASH = {
-    Ending.SKIPPED: ("skipped", "start skipped by its ExecCondition gate"),
-    Ending.GATE_STOPPED: ("gate_stopped", "stopped while its ExecCondition gate ran"),
-    Ending.BOOT: ("boot", "ended with the boot: the host went down before the unit ended"),
+    Ending.SKIPPED: (Rule.SKIPPED, "start skipped by its ExecCondition gate"),
+    Ending.GATE_STOPPED: (Rule.GATE_STOPPED, "stopped while its ExecCondition gate ran"),
+    Ending.BOOT: (Rule.BOOT, "ended with the boot: the host went down before the unit ended"),
     Ending.STOPPED: (
-        "operator_stop",
+        Rule.OPERATOR_STOP,
         "ended by a stop or restart job (a person or a tool), not a crash",
     ),
-    Ending.OPEN: ("still_running", "still running at the end of the journal"),
+    Ending.OPEN: (Rule.STILL_RUNNING, "still running at the end of the journal"),
 }
 
 
@@ -90,7 +90,7 @@ class RestartPolicy:
         phase = phase or Phase(served=invocation.served, ran_s=invocation.ran_s)
         rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
         decision = self._decide(invocation, verdict, phase, rules)
-        return as_dry_run(decision) if dry_run else decision
+        return _as_dry_run(decision) if dry_run else decision
 
     def _decide(
         self, invocation: Invocation, verdict: Verdict, phase: Phase, rules: _Rules
@@ -102,10 +102,12 @@ class RestartPolicy:
                 streak.fingerprint, streak.count = None, 0  # a person (or a reboot) stepped in
             return _observe(*not_a_crash)
         if invocation.ending is Ending.START_LIMIT:
-            return _observe("start_limit", "systemd gave up restarting the unit (start-limit-hit)")
+            return _observe(
+                Rule.START_LIMIT, "systemd gave up restarting the unit (start-limit-hit)"
+            )
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
-            return _observe("clean_exit", "ended without a crash")
+            return _observe(Rule.CLEAN_EXIT, "ended without a crash")
         fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
         long_served = phase.served and (
             phase.serving_s is None or phase.serving_s > rules.repeat_window_s
@@ -121,7 +123,7 @@ class RestartPolicy:
                 reason=f"'{verdict.signature or 'fatal (inferred)'}' {phase.describe()}: "
                 "the same start served, so a restart may work; a repeat right after "
                 "serving halts",
-                rule="fatal_after_serving",
+                rule=Rule.FATAL_AFTER_SERVING,
             )
         if verdict.severity is Severity.FATAL and (rules.halt_inferred or not inferred):
             streak.fingerprint, streak.count = None, 0
@@ -130,13 +132,13 @@ class RestartPolicy:
                     action=Action.HALT,
                     reason=f"{verdict.severity_reason or 'fatal (inferred)'}: a restart would "
                     "crash the same way",
-                    rule="inferred_fatal",
+                    rule=Rule.INFERRED_FATAL,
                 )
             return Decision(
                 action=Action.HALT,
                 reason=f"known fatal crash '{verdict.signature}': "
                 "a restart would crash the same way",
-                rule="fatal_signature",
+                rule=Rule.FATAL_SIGNATURE,
             )
         if verdict.severity is Severity.TRANSIENT:
             streak.fingerprint, streak.count = None, 0
@@ -144,7 +146,7 @@ class RestartPolicy:
             return Decision(
                 action=Action.ALLOW_RESTART,
                 reason=f"transient crash {what}: a restart may work",
-                rule="transient",
+                rule=Rule.TRANSIENT,
             )
         if long_served:
             streak.fingerprint, streak.count = None, 0  # the count starts afresh
@@ -152,7 +154,7 @@ class RestartPolicy:
                 action=Action.ALLOW_RESTART,
                 reason=f"unknown crash (fingerprint {fingerprint}) {phase.describe()}: a restart "
                 "may work, and repeats after serving are no proof",
-                rule="unknown_after_serving",
+                rule=Rule.UNKNOWN_AFTER_SERVING,
             )
         if fingerprint == streak.fingerprint:
             streak.count += 1
@@ -165,13 +167,13 @@ class RestartPolicy:
                 reason=f"the same unknown crash (fingerprint {fingerprint}) ended "
                 f"{streak.count} consecutive invocations (limit {limit}), each "
                 f"{phase.describe()}",
-                rule="unknown_repeat",
+                rule=Rule.UNKNOWN_REPEAT,
             )
         return Decision(
             action=Action.ALLOW_RESTART,
             reason=f"unknown crash (fingerprint {fingerprint}), {streak.count} of {limit} "
             "consecutive before a halt",
-            rule="unknown_first",
+            rule=Rule.UNKNOWN_FIRST,
         )
 
     def state(self) -> dict[str, dict[str, Any]]:
@@ -187,7 +189,15 @@ class RestartPolicy:
         self._streaks.pop(unit, None)
 
 
-def as_dry_run(decision: Decision) -> Decision:
+def halt_on_evidence(rule: Rule, reason: str, *, dry_run: bool) -> Decision:
+    """A halt that evidence outside the verdict calls for (the port's holder outlives the
+    unit's restarts: supervisor.decide.port_evidence), with dry run applied here as for every
+    other decision."""
+    decision = Decision(action=Action.HALT, reason=reason, rule=rule)
+    return _as_dry_run(decision) if dry_run else decision
+
+
+def _as_dry_run(decision: Decision) -> Decision:
     """The decision as dry run reports it: marked, and a halt says it would halt."""
     if decision.action is Action.HALT:
         reason = f"dry run, would halt: {decision.reason}"
@@ -197,7 +207,7 @@ def as_dry_run(decision: Decision) -> Decision:
     )
 
 
-def _observe(rule: str, reason: str) -> Decision:
+def _observe(rule: Rule, reason: str) -> Decision:
     return Decision(action=Action.OBSERVE, reason=reason, rule=rule)
 
 

@@ -35,9 +35,9 @@ from collections.abc import Callable
 import structlog
 
 from supervisor.config import Config
-from supervisor.decide.policy import as_dry_run
+from supervisor.decide.policy import halt_on_evidence
 from supervisor.environment.ports import Holder, Listener, holders, listeners
-from supervisor.model import Action, Decision, JournalEntry, LifecycleEvent, Outcome, Severity
+from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
 
 log = structlog.get_logger(__name__)
 
@@ -157,9 +157,9 @@ class PortEvidence:
             f"outlives the unit's restarts: stop it, then `vllm-supervisor release {inv.unit}`"
         )
         log.info("port_held", unit=inv.unit, port=port, holders=named)
-        decision = Decision(action=Action.HALT, reason=reason, rule="port_held")
-        if self.config.is_dry_run(inv.unit):
-            decision = as_dry_run(decision)
+        decision = halt_on_evidence(
+            Rule.PORT_HELD, reason, dry_run=self.config.is_dry_run(inv.unit)
+        )
         held = dataclasses.replace(
             verdict,
             severity=Severity.FATAL,

@@ -28,7 +28,7 @@ from prometheus_client.exposition import (  # noqa: TID251
 )
 
 from supervisor import __version__
-from supervisor.model import Action, Outcome, Severity
+from supervisor.model import HALT_RULES, Action, Outcome, Rule, Severity
 
 # `*_created` gauges double every counter's series and nothing of ours reads them. This is
 # process-wide, which is acceptable because no other module may use prometheus_client.
@@ -43,7 +43,7 @@ NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "drop
 
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
-HALT_REASONS = ("fatal_signature", "unknown_repeat", "inferred_fatal", "port_held", "other")
+HALT_REASONS = tuple(rule.value for rule in HALT_RULES)
 HALT_FAILED_REASONS = (
     "timeout",
     "access_denied",
@@ -310,10 +310,10 @@ class Metrics:
         dry = "true" if decision.dry_run else "false"
         self._decisions.labels(unit, signature, decision.action.value, dry).inc()
 
-    def halt(self, unit: str, reason: str, latency_seconds: float) -> None:
+    def halt(self, unit: str, rule: Rule, latency_seconds: float) -> None:
         """Count a halted unit and how long halting took after the crash."""
         label = self._unit(unit)
-        self._halts.labels(label, self._reason(reason, HALT_REASONS)).inc()
+        self._halts.labels(label, rule.value if rule in HALT_RULES else OTHER).inc()
         self._halt_latency.observe(max(0.0, latency_seconds))
         self._halted.labels(label).set(1)
 
