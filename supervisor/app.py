@@ -37,6 +37,7 @@ from supervisor.util.files import make_dirs
 log = structlog.get_logger(__name__)
 
 LOCK_NAME = "daemon.lock"
+CLOSE_BUDGET_S = 3.0  # sockets, the bus and the Slack client, closed together after the daemon
 
 
 async def run_daemon(
@@ -130,16 +131,23 @@ async def _run(
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(gates.close(), 2)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.close(), 2)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(systemd.close(), 2)
+        closing = [gates.close(), server.close(), systemd.close()]
         if webhook is not None:
-            with contextlib.suppress(Exception):
-                await webhook.aclose()
+            closing.append(webhook.aclose())
+        await close_within(CLOSE_BUDGET_S, closing)
         store.close()
+
+
+async def close_within(budget_s: float, closing: list[Coroutine[Any, Any, None]]) -> None:
+    """Close everything at once, for at most `budget_s` together (uvicorn's shutdown: wait with
+    a budget, then cancel with a message); a close that fails or hangs never blocks the rest."""
+    tasks = [asyncio.ensure_future(c) for c in closing]
+    _, late = await asyncio.wait(tasks, timeout=budget_s)
+    for task in late:
+        task.cancel("shutdown: close took too long")
+    if late:
+        log.warning("close_timed_out", count=len(late), budget_s=budget_s)
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _listen(config: Config, server: MetricsServer, gates: GateServer) -> None:

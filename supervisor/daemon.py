@@ -51,7 +51,10 @@ from supervisor.util.retry import Backoff
 log = structlog.get_logger(__name__)
 
 COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
-GATE_KICK_S = 0.01  # while a gate waits for its start to be read, the reader looks this often
+GATE_KICK_S = 0.01
+# After SIGTERM, the daemon's own tasks get this long to finish; app.close_within gets
+# CLOSE_BUDGET_S for the sockets and the bus: together well inside TimeoutStopSec=20s.
+SHUTDOWN_GRACE_S = 10.0  # while a gate waits for its start to be read, the reader looks this often
 
 
 @dataclass(slots=True)
@@ -86,6 +89,7 @@ class Daemon:
         tasks: Sequence[Task] = (),
         sources: Sequence[OutcomeSource] = (),
         drift: DriftLookup | None = None,
+        shutdown_grace_s: float = SHUTDOWN_GRACE_S,
     ) -> None:
         self.config = config
         self.store = store
@@ -98,6 +102,7 @@ class Daemon:
         self.hooks = tuple(hooks)
         self.tasks = tuple(tasks)
         self.sources = tuple(sources)
+        self.shutdown_grace_s = shutdown_grace_s
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
@@ -151,26 +156,52 @@ class Daemon:
         )
 
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
-        """Run until `stop` is set; SIGHUP-style reloads when `reload` is set."""
+        """Run until `stop` is set; SIGHUP-style reloads when `reload` is set.
+
+        Once `stop` is set the tasks beside the reader get `shutdown_grace_s` to finish (an
+        in-flight Slack attempt, a probe of the served interpreter); then they are cancelled
+        with one line naming them, so a stop always ends inside the unit's TimeoutStopSec=.
+        """
         reload = reload or asyncio.Event()
         log.info("supervisor_starting", units=[u.name for u in self.config.units])
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._watch_reload(stop, reload))
-            tasks.create_task(self._announce_ready(stop))
-            tasks.create_task(self._settle(stop))
-            tasks.create_task(self._retry_commits(stop))
-            tasks.create_task(self._checkpoint_quiet(stop))
+        async with asyncio.TaskGroup() as group:
+            beside = [
+                group.create_task(self._watch_reload(stop, reload), name="reload"),
+                group.create_task(self._announce_ready(stop), name="ready"),
+                group.create_task(self._settle(stop), name="settle"),
+                group.create_task(self._retry_commits(stop), name="commit-retry"),
+                group.create_task(self._checkpoint_quiet(stop), name="checkpoint"),
+            ]
             if self.notifier is not None:
-                tasks.create_task(self.notifier.run(stop))
+                beside.append(group.create_task(self.notifier.run(stop), name="notifier"))
             for task in self.tasks:
-                tasks.create_task(task(stop))
+                beside.append(group.create_task(task(stop), name=_name_of(task)))
             for source in self.sources:
-                tasks.create_task(source.run(stop, self))
+                beside.append(group.create_task(source.run(stop, self), name=_name_of(source)))
+            group.create_task(self._bound_shutdown(stop, beside))
             try:
                 await self._follow(stop)
             finally:
                 stop.set()
         log.info("supervisor_stopped", entries=self.state.entries, outcomes=self.state.outcomes)
+
+    async def _bound_shutdown(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
+        """After `stop`: wait `shutdown_grace_s` for `tasks`, then cancel what still runs."""
+        await stop.wait()
+        running = [t for t in tasks if not t.done()]
+        if not running:
+            return
+        _, late = await asyncio.wait(running, timeout=self.shutdown_grace_s)
+        if late:
+            names = sorted(t.get_name() for t in late)
+            log.warning(
+                "shutdown_cancelled",
+                tasks=names,
+                grace_s=self.shutdown_grace_s,
+                action="cancelled; undelivered messages stay in the outbox for the next start",
+            )
+            for task in late:
+                task.cancel(f"shutdown: still running after {self.shutdown_grace_s}s")
 
     async def _follow(self, stop: asyncio.Event) -> None:
         async for batch in self.reader.batches(stop):
@@ -556,6 +587,14 @@ class Daemon:
                 f"following {units}; {self.state.outcomes} invocations classified, "
                 f"{self.state.halts} halts; last: {self.state.last_verdict}"
             )
+
+
+def _name_of(part: object) -> str:
+    """A task's name in the shutdown log: the part's class, or its function's name."""
+    owner = getattr(part, "__self__", part)
+    if owner is not part or not callable(part):
+        return type(owner).__name__
+    return getattr(part, "__qualname__", type(part).__name__)
 
 
 def supervised_machine_id(config: Config) -> str:

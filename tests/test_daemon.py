@@ -7,17 +7,23 @@ import dataclasses
 import uuid
 from pathlib import Path
 
+import structlog
+import structlog.testing
 from conftest import poll
+from slack_server import Reply, SlackServer
 
 from supervisor.actions.actor import Actor
 from supervisor.actions.halt import Halter
 from supervisor.actions.quarantine import Quarantine, quarantine_dir
+from supervisor.app import close_within
 from supervisor.classify.table import load_table
 from supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
-from supervisor.config import Config
+from supervisor.config import Config, Secret, SlackConfig
 from supervisor.daemon import Daemon
 from supervisor.journal.writer import JournalWriter, crashed_invocation
 from supervisor.model import Invocation, JournalEntry
+from supervisor.notify.outbox import Outbox
+from supervisor.notify.webhook import SlackWebhook
 from supervisor.store import Store
 from supervisor.telemetry.metrics import Metrics, new_registry
 
@@ -174,3 +180,67 @@ async def test_an_entry_whose_handling_raises_is_counted_and_skipped(tmp_path: P
     store.close()
     assert skipped == 1.0
     assert crash["verdict"]["signature"] == "flashinfer_cubin_mismatch"
+
+
+async def test_a_stop_during_a_hung_slack_attempt_ends_within_the_grace(tmp_path: Path) -> None:
+    """SIGTERM while Slack holds a request: the daemon cancels the attempt after its grace,
+    says so in one line, and the message stays in the outbox for the next start."""
+    config = _config(tmp_path)
+    server = SlackServer()
+    server.start()
+    server.script.append(Reply(delay_s=60))  # Slack takes the request and never answers in time
+    store = Store.in_directory(config.state.state_dir)
+    metrics = Metrics(new_registry(process=False))
+    slack = SlackConfig(timeout_s=30)
+    outbox = Outbox(store, SlackWebhook(Secret(server.url), timeout_s=30), metrics, slack, host="h")
+    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+    daemon = Daemon(
+        config,
+        load_table(config),
+        store=store,
+        metrics=metrics,
+        actor=Actor(halter, None, metrics),
+        notifier=outbox,
+        shutdown_grace_s=0.5,
+    )
+    stop = asyncio.Event()
+    try:
+        with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+            writer.write(crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1))
+            with structlog.testing.capture_logs() as logs:
+                task = asyncio.create_task(daemon.run(stop))
+                await poll(lambda: bool(server.requests), within=30, each=writer.nudge)
+                stop.set()
+                stopped_at = asyncio.get_running_loop().time()
+                await asyncio.wait_for(task, 10)
+                took = asyncio.get_running_loop().time() - stopped_at
+    finally:
+        server.stop()
+    assert took < 5, f"stop took {took:.1f}s with a grace of 0.5s"
+    cancelled = [e for e in logs if e["event"] == "shutdown_cancelled"]
+    assert [e["tasks"] for e in cancelled] == [["notifier"]]
+    assert outbox.depth() == 1  # not lost: delivered by the next daemon
+    store.close()
+
+
+async def test_closing_is_bounded_as_a_whole() -> None:
+    """A close that hangs (a bus that never answers) or fails never holds the others or the
+    stop past the budget."""
+    closed: list[str] = []
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise OSError("socket already gone")
+
+    async def closes() -> None:
+        closed.append("server")
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with structlog.testing.capture_logs() as logs:
+        await close_within(0.3, [hangs(), fails(), closes()])
+    assert loop.time() - started < 2
+    assert closed == ["server"]
+    assert [e["count"] for e in logs if e["event"] == "close_timed_out"] == [1]
