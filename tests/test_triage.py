@@ -11,8 +11,9 @@ import pytest
 
 from supervisor.classify.table import load_table
 from supervisor.commands.demo import seed_lines, write_demo_journal
-from supervisor.commands.triage import collect, sniff
+from supervisor.commands.triage import collect
 from supervisor.config import Config
+from supervisor.journal.saved import sniff
 
 ROOT_CAUSE = "flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"
 

@@ -13,7 +13,7 @@ from typing import TextIO
 from supervisor.classify.classifier import Classifier
 from supervisor.classify.logline import parse_line
 from supervisor.classify.signatures import SignatureTable
-from supervisor.commands.triage import plain_text_invocation
+from supervisor.journal.saved import plain_text_invocation
 
 
 def signatures_test(source: str, table: SignatureTable, *, out: TextIO = sys.stdout) -> int:
