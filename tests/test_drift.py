@@ -14,10 +14,10 @@ from conftest import poll
 
 from supervisor.classify.table import load_table
 from supervisor.commands.demo import demo_config
-from supervisor.commands.triage import render_text, with_drift
+from supervisor.commands.triage import render_text
 from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
 from supervisor.daemon import Daemon
-from supervisor.environment.drift import DriftRecorder
+from supervisor.environment.drift import DriftRecorder, with_recorded_drift
 from supervisor.environment.log import EnvironmentLog
 from supervisor.environment.snapshot import EnvSnapshot
 from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
@@ -200,8 +200,9 @@ class TestDriftRecorder:
         assert recorded == 2.0
         # `triage` of the same crash on this host finds the change in the daemon's database.
         bare = [dataclasses.replace(o, drift=()) for o in crashed]
-        assert [o.drift for o in with_drift(bare, tmp_path / "state")] == [drift]
-        assert render_text(with_drift(bare, tmp_path / "state")).count("0.6.3 → 0.6.4") == len(
+        recorded = with_recorded_drift(bare, tmp_path / "state")
+        assert [o.drift for o in recorded] == [drift]
+        assert render_text(recorded).count("0.6.3 → 0.6.4") == len(
             [d for d in drift if "0.6.4" in d]
         )
 

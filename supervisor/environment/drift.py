@@ -31,6 +31,7 @@ from supervisor.environment.serving import is_serving_line
 from supervisor.environment.snapshot import EnvSnapshot, snapshot
 from supervisor.errors import StateError, SystemdError
 from supervisor.model import JournalEntry, Outcome
+from supervisor.store import Store
 
 log = structlog.get_logger(__name__)
 
@@ -134,13 +135,10 @@ class DriftRecorder:
             except TimeoutError:
                 log.warning("drift_snapshot_late", unit=inv.unit, invocation_id=inv.invocation_id)
         try:
-            changes = self.envlog.changes_since_last_good(inv.unit, inv.invocation_id)
+            return with_drift(outcome, self.envlog)
         except StateError as exc:
             log.error("drift_read_failed", unit=inv.unit, error=str(exc))
             return outcome
-        if not changes:
-            return outcome
-        return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
 
     def changes(self, unit: str, invocation_id: str) -> list[str]:
         """What changed since the last good start, as far as recorded when the crash is decided
@@ -217,3 +215,40 @@ class DriftRecorder:
             self.envlog.mark_good(good.unit, good.invocation_id)
         except StateError as exc:
             log.error("drift_mark_good_failed", unit=good.unit, error=str(exc))
+
+
+def with_drift(outcome: Outcome, envlog: EnvironmentLog) -> Outcome:
+    """The outcome with what changed since its unit's last good start (as recorded in
+    `envlog`); unchanged when nothing did or it already says. Raises StateError."""
+    inv = outcome.invocation
+    if inv.unit is None or inv.invocation_id is None or outcome.drift:
+        return outcome
+    changes = envlog.changes_since_last_good(inv.unit, inv.invocation_id)
+    if not changes:
+        return outcome
+    return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
+
+
+def with_recorded_drift(outcomes: Sequence[Outcome], state_dir: Path) -> list[Outcome]:
+    """The outcomes, each crash with what changed since its unit's last good start.
+
+    The environments are the ones the daemon recorded on this host (its state database); a
+    journal from elsewhere, or a database that cannot be read, leaves the outcomes as they are.
+    """
+    store = Store.existing_in_directory(state_dir)
+    if store is None:
+        return list(outcomes)
+    try:
+        envlog = EnvironmentLog(store)
+        return [_or_unchanged(o, envlog) for o in outcomes]
+    except StateError:
+        return list(outcomes)
+    finally:
+        store.close()
+
+
+def _or_unchanged(outcome: Outcome, envlog: EnvironmentLog) -> Outcome:
+    try:
+        return with_drift(outcome, envlog)
+    except StateError:
+        return outcome
