@@ -293,11 +293,19 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`preflight UNIT`: catch a crash before the model loads."""
+    from supervisor.classify.table import load_table
     from supervisor.commands.preflight import preflight_main
 
     config = resolve_config(args)
     unit = config.unit(args.unit)
     python = args.python or (Path(unit.python) if unit.python else None)
+    try:
+        table = load_table(config)
+    except SupervisorError as exc:
+        # A broken table must not fail the served unit's start (preflight may run as its
+        # ExecStartPre=): say so, and check with the built-in families alone.
+        print(f"vllm-supervisor: preflight without the signature table: {exc}", file=sys.stderr)
+        table = None
     return preflight_main(
         args.unit,
         python=python,
@@ -305,6 +313,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         runtime_dir=config.state.runtime_dir,
         state_dir=config.state.state_dir,
         output_format=args.format,
+        table=table,
     )
 
 

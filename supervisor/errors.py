@@ -1,13 +1,17 @@
 """The supervisor's exceptions, one tree, translated from library errors at the boundary.
 
 SupervisorError
-├── ConfigError            a config file or flag is wrong; the message names the key and the fix
-├── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
-├── JournalError           the journal cannot be read (journalctl missing, bad directory)
-├── StateError             the state database cannot be opened or written
-└── ActionError            an action (systemd stop, Slack) failed; see `retryable`, `reason`
-    ├── SystemdError       a D-Bus call to systemd failed
-    └── NotifyError        a notification could not be delivered
+├── ConfigError                a config file or flag is wrong; the message names the key and fix
+│   └── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
+├── JournalError               the journal cannot be read (journalctl missing, bad directory)
+├── StateError                 the state database cannot be opened or written
+├── ProbeError                 a served interpreter could not be probed (environment.probe)
+└── ActionError                an action (systemd stop, Slack) failed; see `retryable`, `reason`
+    ├── SystemdError           a D-Bus call to systemd failed
+    └── NotifyError            a notification could not be delivered
+        └── SlackRateLimited   Slack answered 429, with its Retry-After (notify.webhook)
+
+`tests/test_systemd_errors.py` checks this drawing against the classes.
 """
 
 from __future__ import annotations

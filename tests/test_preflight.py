@@ -15,6 +15,7 @@ import pytest
 from fakevenv import Venvs, session_venvs
 
 from supervisor.actions.quarantine import Quarantine
+from supervisor.classify.signatures import load_signature_table
 from supervisor.commands.preflight import (
     DEFAULT_FAMILIES,
     EXIT_FAILED,
@@ -23,8 +24,6 @@ from supervisor.commands.preflight import (
     Status,
     _identities,
     check_families,
-    load_table,
-    parse_exec_start,
     port_from_exec_start,
     preflight_main,
     run_preflight,
@@ -253,21 +252,9 @@ def test_port_from_exec_start(argv: list[str], port: int | None) -> None:
 
 def test_family_signatures_are_in_the_shipped_table() -> None:
     """Every family's id exists in the signature table, so preflight and crash agree."""
-    table = load_table()
-    assert table is not None
+    table = load_signature_table()
     ids = {s.id for s in table.signatures}
     assert {f.signature for f in DEFAULT_FAMILIES} <= ids
-
-
-def test_parse_exec_start() -> None:
-    """The argv is read out of systemctl's ExecStart property text."""
-    text = (
-        "{ path=/opt/venv/bin/vllm ; argv[]=/opt/venv/bin/vllm serve /models/m --port 8000 ; "
-        "ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
-        "status=0/0 }\n"
-    )
-    assert parse_exec_start(text) == ["/opt/venv/bin/vllm", "serve", "/models/m", "--port", "8000"]
-    assert parse_exec_start("") is None
 
 
 @pytest.mark.parametrize(

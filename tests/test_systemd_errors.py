@@ -336,3 +336,28 @@ class TestHalter:
         halter = Halter(Quarantine(tmp_path / "q"), client, attempts=5, timeout_s=1)
         with pytest.raises(SystemdError, match=r"after 1 attempt\(s\)"):
             await halter.restart("vllm.service")
+
+
+def test_the_error_tree_in_errors_py_is_the_code() -> None:
+    """Every class drawn in supervisor/errors.py's docstring has the parent it is drawn under."""
+    import re
+
+    import supervisor.errors as errors
+    from supervisor.environment.probe import ProbeError
+    from supervisor.notify.webhook import SlackRateLimited
+
+    classes = {c.__name__: c for c in (ProbeError, SlackRateLimited)}
+    classes.update({n: c for n, c in vars(errors).items() if isinstance(c, type)})
+    parents: list[str] = []
+    drawn = 0
+    for line in (errors.__doc__ or "").splitlines():
+        match = re.match(r"^([│ ]*)(?:[├└]── )?([A-Z]\w+Error|SlackRateLimited)\b", line)
+        if match is None:
+            continue
+        depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
+        name = match.group(2)
+        parents = [*parents[:depth], name]
+        if depth:
+            assert classes[name].__bases__[0] is classes[parents[depth - 1]], line
+        drawn += 1
+    assert drawn == 10

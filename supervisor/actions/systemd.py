@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from dbus_fast import BusType, Message, MessageType, Variant
@@ -128,28 +128,6 @@ class SystemdClient:
         # ExecStart is a(sasbttttuii): (path, argv, ignore_failure, timestamps, pid, code, status).
         commands = service.get("ExecStart") or []
         return [str(arg) for arg in commands[0][1]] if commands else []
-
-    async def subscribe(self, unit: str, callback: Callable[[dict[str, Any]], None]) -> None:
-        """Call `callback(changed_properties)` on every PropertiesChanged signal of `unit`."""
-        bus = await self._connected()
-        path = await self._unit_path(unit)
-        rule = f"type='signal',interface='{PROPS_IFACE}',member='PropertiesChanged',path='{path}'"
-        await self._call(
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus",
-            "AddMatch",
-            "s",
-            [rule],
-            destination="org.freedesktop.DBus",
-        )
-        await self._call(MANAGER_PATH, MANAGER_IFACE, "Subscribe", "", [])
-
-        def handler(msg: Message) -> None:
-            is_signal = msg.message_type is MessageType.SIGNAL
-            if is_signal and msg.path == path and msg.member == "PropertiesChanged":
-                callback(_unwrap(msg.body[1]))
-
-        bus.add_message_handler(handler)
 
     async def _unit_path(self, unit: str) -> str:
         # LoadUnit (unlike GetUnit) also answers for a unit that is not loaded right now, e.g.

@@ -13,12 +13,10 @@ library only, so no `packaging` is needed there); requirements are evaluated her
 
 from __future__ import annotations
 
+import asyncio
 import errno
-import importlib
 import json
-import shlex
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -32,6 +30,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from supervisor.actions.quarantine import Quarantine, quarantine_dirs
+from supervisor.actions.systemd import SystemdClient
 from supervisor.config import DriftConfig
 from supervisor.environment.execstart import interpreter_from_exec_start
 from supervisor.environment.log import EnvironmentLog
@@ -45,7 +44,7 @@ from supervisor.environment.probe import (
 )
 from supervisor.environment.snapshot import diff as env_diff
 from supervisor.environment.snapshot import render_changes, snapshot_from_probe
-from supervisor.errors import SupervisorError
+from supervisor.errors import SupervisorError, SystemdError
 from supervisor.store import Store
 
 EXIT_OK = 0
@@ -523,8 +522,9 @@ def preflight_main(
 ) -> int:
     """`vllm-supervisor preflight UNIT`: 0 when every check passes, 1 otherwise.
 
-    Without `--python`/`--port`, both are read from the unit's ExecStart= (through
-    `systemctl show`); a unit with no Python (TGI's launcher) skips the package checks.
+    Without `--python`/`--port`, both are read from the unit's ExecStart= (systemd over
+    D-Bus); a unit with no Python (TGI's launcher) skips the package checks. `table` is the
+    signature table of the config (None: the built-in families' own words apply).
     """
     stream = out if out is not None else sys.stdout
     if python is None or port is None:
@@ -537,7 +537,7 @@ def preflight_main(
         port=port,
         quarantine_dir=quarantine_dirs(runtime_dir, state_dir),
         unit=unit,
-        table=table if table is not None else load_table(),
+        table=table,
         state_dir=state_dir,
     )
     if output_format == "json":
@@ -547,38 +547,21 @@ def preflight_main(
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def load_table() -> SignatureTable | None:
-    """The shipped signature table, or None when it cannot be loaded (built-ins apply)."""
+def exec_start_argv(unit: str, *, timeout_s: float = 2.0) -> list[str] | None:
+    """The argv of a unit's (first) ExecStart=, as systemd reports it over D-Bus (the reader the
+    daemon's drift uses, actions.systemd); None when systemd cannot say."""
+
+    async def ask() -> list[str]:
+        client = SystemdClient(timeout_s=timeout_s)
+        try:
+            await client.connect()
+            return await client.exec_start(unit)
+        finally:
+            await client.close()
+
     try:
-        module = importlib.import_module("supervisor.classify.signatures")
-        table: SignatureTable = module.load_signature_table()
-    except (ImportError, AttributeError, TypeError, SupervisorError):
-        return None
-    return table
-
-
-def exec_start_argv(
-    unit: str, *, systemctl: str = "systemctl", timeout_s: float = 2.0
-) -> list[str] | None:
-    """The argv of a unit's (first) ExecStart=, as systemd reports it; None when unknown."""
-    argv = [systemctl, "show", "--property=ExecStart", "--value", "--", unit]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_exec_start(done.stdout) if done.returncode == 0 else None
-
-
-def parse_exec_start(text: str) -> list[str] | None:
-    """The argv of `{ path=... ; argv[]=... ; ... }` as `systemctl show` prints ExecStart."""
-    start = text.find("argv[]=")
-    if start < 0:
-        return None
-    end = text.find(" ; ", start)
-    words = text[start + len("argv[]=") : end if end >= 0 else None]
-    try:
-        return shlex.split(words) or None
-    except ValueError:
+        return asyncio.run(ask()) or None
+    except (SystemdError, OSError, TimeoutError):
         return None
 
 

@@ -25,7 +25,6 @@ only counted (`dropped_lines`), so the traceback printed at the end always survi
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 import time
@@ -715,15 +714,6 @@ class InvocationTracker:
                     return builder.build(Ending.OPEN)
         return None
 
-    def running_id(self, unit: str | None, host: str | None = None) -> str | None:
-        """The invocation id of a unit's running invocation (None: none, or not named)."""
-        for (track_host, name), track in self._tracks.items():
-            if name == unit and (host is None or track_host == (host or "")):
-                builder = track.newest_running()
-                if builder is not None:
-                    return builder.invocation_id
-        return None
-
     def has_seen(self, unit: str | None, invocation_id: str) -> bool:
         """True once an entry of that invocation of `unit` was read (on any host)."""
         for (_, name), track in self._tracks.items():
@@ -775,8 +765,3 @@ def _without_unit(message: str, unit: str | None) -> str:
     """PID 1's text without its "unit: " prefix (the unit is named elsewhere)."""
     prefix = f"{unit}: "
     return message[len(prefix) :] if unit and message.startswith(prefix) else message
-
-
-def replace_ending(invocation: Invocation, ending: Ending) -> Invocation:
-    """The invocation with another ending (e.g. closed as hung by the daemon)."""
-    return dataclasses.replace(invocation, ending=ending, hung=ending is Ending.HUNG)

@@ -10,6 +10,7 @@ once the holder is stopped and the unit released, it starts and serves.
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -64,6 +65,14 @@ def test_a_port_held_by_another_unit_halts_the_first_crash(container: Container)
     assert first["decision"]["rule"] == "port_held"
     assert f"port {port} is held by" in first["decision"]["reason"]
     assert first["taken"] == "halted"
+    # preflight reads the interpreter from ExecStart= over D-Bus (as the daemon's drift does)
+    # and names the holder of the configured port.
+    report = json.loads(
+        container.run("vllm-supervisor", "preflight", UNIT, "--format", "json", check=False).stdout
+    )
+    assert (report["python"], report["port"], report["ok"]) == ("/usr/bin/python3", port, False)
+    port_check = next(c for c in report["checks"] if c["check"] == "port")
+    assert "http.server" in port_check["detail"], port_check
     container.systemctl("stop", BLOCKER)
     container.run("vllm-supervisor", "release", UNIT)
     container.systemctl("start", "--no-block", UNIT)
