@@ -417,3 +417,19 @@ def with_units(config: Config, names: Sequence[str]) -> Config:
     known = {u.name for u in config.units}
     extra = tuple(UnitConfig(name=n) for n in names if n not in known)
     return validate(dataclasses.replace(config, units=config.units + extra))
+
+
+# Read once at start-up (the reader child, the state database, the listening sockets, the Slack
+# client, the tracker's caps): a change needs a restart of the daemon.
+RESTART_ONLY = ("journal", "tracker", "state", "slack", "metrics", "systemd", "gate", "drift")
+
+
+def restart_only_changes(old: Config, new: Config) -> list[str]:
+    """The keys that differ between `old` and `new` but only take effect after a restart."""
+    changed: list[str] = []
+    for section in RESTART_ONLY:
+        before, after = getattr(old, section), getattr(new, section)
+        for key in dataclasses.fields(before):
+            if getattr(before, key.name) != getattr(after, key.name):
+                changed.append(f"{section}.{key.name}")
+    return changed

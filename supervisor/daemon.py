@@ -29,8 +29,8 @@ import structlog
 from supervisor.actions.actor import Actor
 from supervisor.actions.presence import Here
 from supervisor.classify.signatures import SignatureTable
-from supervisor.classify.table import load_table, restart_only_changes
-from supervisor.config import Config
+from supervisor.classify.table import load_table
+from supervisor.config import Config, restart_only_changes
 from supervisor.errors import StateError, SupervisorError
 from supervisor.journal.reader import (
     JournalctlReader,

@@ -1,17 +1,10 @@
-"""What the daemon and the commands load from a config: its signature table, and what a reload
-(SIGHUP) can and cannot change while running."""
+"""The signature table a config names, checked against the units that use its sets."""
 
 from __future__ import annotations
-
-import dataclasses
 
 from supervisor.classify.signatures import SignatureTable, load_signature_table
 from supervisor.config import Config
 from supervisor.errors import ConfigError, SupervisorError
-
-# Read once at start-up (the reader child, the state database, the listening sockets, the Slack
-# client, the tracker's caps): a change needs a restart of the daemon.
-RESTART_ONLY = ("journal", "tracker", "state", "slack", "metrics", "systemd", "gate", "drift")
 
 
 def load_table(config: Config) -> SignatureTable:
@@ -28,14 +21,3 @@ def load_table(config: Config) -> SignatureTable:
             except SupervisorError as exc:
                 raise ConfigError(f"unit[{index}].signature_sets: {exc}") from exc
     return table
-
-
-def restart_only_changes(old: Config, new: Config) -> list[str]:
-    """The keys that differ between `old` and `new` but only take effect after a restart."""
-    changed: list[str] = []
-    for section in RESTART_ONLY:
-        before, after = getattr(old, section), getattr(new, section)
-        for field in dataclasses.fields(before):
-            if getattr(before, field.name) != getattr(after, field.name):
-                changed.append(f"{section}.{field.name}")
-    return changed
