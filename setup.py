@@ -31,7 +31,7 @@ class OptionalBuildExt(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "supervisor.journal._sdjournal",
+            "vllm_supervisor.journal._sdjournal",
             sources=["supervisor/journal/_sdjournal.c"],
             libraries=["systemd"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],

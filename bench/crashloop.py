@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from supervisor.journal.writer import (
+from vllm_supervisor.journal.writer import (
     EntryFactory,
     FieldValue,
     JournalWriter,
@@ -36,7 +36,7 @@ from supervisor.journal.writer import (
     service_lines,
     start_entries,
 )
-from supervisor.model import LifecycleEvent
+from vllm_supervisor.model import LifecycleEvent
 
 # "Starting U..." (SD_MESSAGE_UNIT_STARTING).
 STARTING = LifecycleEvent.STARTING.value

@@ -41,10 +41,10 @@ from typing import Any
 
 from bench.crashloop import LoopTiming, write_crash_loop
 from bench.decisions_report import render, tally_all
-from supervisor.classify.signatures import SignatureTable
-from supervisor.classify.table import load_table
-from supervisor.commands.triage import collect
-from supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
+from vllm_supervisor.classify.signatures import SignatureTable
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.triage import collect
+from vllm_supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "data" / "corpus"

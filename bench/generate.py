@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.journal.writer import JOURNAL_REMOTE, FieldValue, crashed_invocation
+from vllm_supervisor.journal.writer import JOURNAL_REMOTE, FieldValue, crashed_invocation
 
 UNIT = "vllm.service"
 CRASHES = 5

@@ -82,11 +82,11 @@ def _prepare(mode: str, directory: Path, unit: str) -> Any:
 
 
 def _supervisor(directory: Path, unit: str, *, source: str) -> Any:
-    from supervisor.classify.table import load_table
-    from supervisor.config import Config, UnitConfig
-    from supervisor.journal.reader import ReaderSettings, read_all
-    from supervisor.model import Outcome
-    from supervisor.pipeline import Pipeline
+    from vllm_supervisor.classify.table import load_table
+    from vllm_supervisor.config import Config, UnitConfig
+    from vllm_supervisor.journal.reader import ReaderSettings, read_all
+    from vllm_supervisor.model import Outcome
+    from vllm_supervisor.pipeline import Pipeline
 
     config = Config(units=(UnitConfig(name=unit),))
     table = load_table(config)
@@ -143,7 +143,7 @@ def _json(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
 
 
 def _devnull(directory: Path, unit: str, *, fields: bool) -> tuple[int, dict[str, Any]]:
-    from supervisor.journal.reader import ReaderSettings, journalctl_argv
+    from vllm_supervisor.journal.reader import ReaderSettings, journalctl_argv
 
     if fields:
         argv = journalctl_argv(
@@ -156,7 +156,7 @@ def _devnull(directory: Path, unit: str, *, fields: bool) -> tuple[int, dict[str
 
 
 def _native_devnull(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
-    from supervisor.journal.reader import ReaderSettings, native_argv
+    from vllm_supervisor.journal.reader import ReaderSettings, native_argv
 
     argv = native_argv(ReaderSettings(units=(unit,), directory=directory, follow=False), None)
     subprocess.run(argv, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
@@ -165,10 +165,10 @@ def _native_devnull(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
 
 def measure_rss(directory: Path, unit: str, total: int) -> dict[str, Any]:
     """Feed one Pipeline pass after pass over the journal until `total` entries; RSS then."""
-    from supervisor.classify.table import load_table
-    from supervisor.config import Config, UnitConfig
-    from supervisor.journal.reader import ReaderSettings, read_all
-    from supervisor.pipeline import Pipeline
+    from vllm_supervisor.classify.table import load_table
+    from vllm_supervisor.config import Config, UnitConfig
+    from vllm_supervisor.journal.reader import ReaderSettings, read_all
+    from vllm_supervisor.pipeline import Pipeline
 
     config = Config(units=(UnitConfig(name=unit),))
     pipeline = Pipeline(config, load_table(config))

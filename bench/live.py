@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.generate import UNIT, Encoder, finish_remote, seed_lines, start_remote, stdout_fields
-from supervisor.journal.writer import crashed_invocation, lifecycle
-from supervisor.model import LifecycleEvent
+from vllm_supervisor.journal.writer import crashed_invocation, lifecycle
+from vllm_supervisor.model import LifecycleEvent
 
 CRASH_EVERY_S = 1.5
 DRAIN_S = 1.5
@@ -152,11 +152,11 @@ def _write_at_rate(
 
 async def _follow(root: Path) -> dict[str, Any]:
     """The follower process: the real Daemon, timed per batch."""
-    from supervisor.actions.actor import Actor
-    from supervisor.actions.halt import Halter
-    from supervisor.actions.quarantine import Quarantine, quarantine_dir
-    from supervisor.classify.table import load_table
-    from supervisor.config import (
+    from vllm_supervisor.actions.actor import Actor
+    from vllm_supervisor.actions.halt import Halter
+    from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
+    from vllm_supervisor.classify.table import load_table
+    from vllm_supervisor.config import (
         Config,
         JournalConfig,
         MetricsConfig,
@@ -164,10 +164,10 @@ async def _follow(root: Path) -> dict[str, Any]:
         SystemdConfig,
         UnitConfig,
     )
-    from supervisor.daemon import Daemon
-    from supervisor.model import JournalEntry, Outcome
-    from supervisor.store import Store
-    from supervisor.telemetry.metrics import Metrics
+    from vllm_supervisor.daemon import Daemon
+    from vllm_supervisor.model import JournalEntry, Outcome
+    from vllm_supervisor.store import Store
+    from vllm_supervisor.telemetry.metrics import Metrics
 
     config = Config(
         units=(UnitConfig(name=UNIT),),

@@ -2,7 +2,7 @@
 
 `python -m bench.soak --seconds N --rate R --crash-every S [--keep-files K] [--out PATH]`
 
-A `python -m supervisor run` child (systemd actions off, its own state and runtime directories)
+A `python -m vllm_supervisor run` child (systemd actions off, its own state and runtime directories)
 follows a journal directory that systemd-journal-remote writes: vLLM request lines at R lines/s in
 10 ms ticks, and every S seconds a crashed invocation (rotating through a fatal flashinfer
 mismatch, a transient NCCL timeout and an unknown traceback) with PID 1's exit, failure and
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.generate import UNIT, Encoder, finish_remote, seed_lines, start_remote, stdout_fields
-from supervisor.journal.writer import crashed_invocation, lifecycle, vacuum_files
-from supervisor.model import LifecycleEvent
+from vllm_supervisor.journal.writer import crashed_invocation, lifecycle, vacuum_files
+from vllm_supervisor.model import LifecycleEvent
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "bench" / "results" / "soak.json"
@@ -170,7 +170,14 @@ def run_soak(seconds: float, rate: int, crash_every: float, keep_files: int) -> 
         log_path = root / "supervisor.log"
         with log_path.open("wb") as log:
             daemon = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "run", "--config", str(root / "config.toml")],
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm_supervisor",
+                    "run",
+                    "--config",
+                    str(root / "config.toml"),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -1,5 +1,5 @@
-"""`python -m supervisor` runs the command line."""
+"""`python -m vllm_supervisor` runs the command line."""
 
-from supervisor.cli import main
+from .cli import main
 
 raise SystemExit(main())

@@ -13,26 +13,26 @@ from typing import Any
 
 import structlog
 
-from supervisor.actions.actor import Actor
-from supervisor.actions.gatekeeper import GateServer, socket_path
-from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine, quarantine_dir, quarantined_units
-from supervisor.actions.sdnotify import Notifier, watchdog_interval
-from supervisor.actions.systemd import SystemdClient
-from supervisor.classify.table import load_table
-from supervisor.config import Config, parse_listen, resolve_webhook
-from supervisor.daemon import Daemon, supervised_machine_id
-from supervisor.decide.hang import HangWatcher
-from supervisor.decide.port_evidence import PortEvidence
-from supervisor.environment.drift import DriftRecorder
-from supervisor.environment.log import EnvironmentLog
-from supervisor.errors import StateError
-from supervisor.notify.outbox import Outbox
-from supervisor.notify.webhook import SlackWebhook
-from supervisor.store import Store
-from supervisor.telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
-from supervisor.telemetry.metrics import Metrics
-from supervisor.util.files import make_dirs
+from .actions.actor import Actor
+from .actions.gatekeeper import GateServer, socket_path
+from .actions.halt import Halter
+from .actions.quarantine import Quarantine, quarantine_dir, quarantined_units
+from .actions.sdnotify import Notifier, watchdog_interval
+from .actions.systemd import SystemdClient
+from .classify.table import load_table
+from .config import Config, parse_listen, resolve_webhook
+from .daemon import Daemon, supervised_machine_id
+from .decide.hang import HangWatcher
+from .decide.port_evidence import PortEvidence
+from .environment.drift import DriftRecorder
+from .environment.log import EnvironmentLog
+from .errors import StateError
+from .notify.outbox import Outbox
+from .notify.webhook import SlackWebhook
+from .store import Store
+from .telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
+from .telemetry.metrics import Metrics
+from .util.files import make_dirs
 
 log = structlog.get_logger(__name__)
 

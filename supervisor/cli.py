@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from supervisor import __version__
-from supervisor.config import (
+from . import __version__
+from .config import (
     DEFAULT_RUNTIME_DIR,
     DEFAULT_STATE_DIR,
     Config,
@@ -25,8 +25,8 @@ from supervisor.config import (
     parse_listen,
     with_units,
 )
-from supervisor.errors import SupervisorError
-from supervisor.telemetry.logs import configure_logging
+from .errors import SupervisorError
+from .telemetry.logs import configure_logging
 
 EXIT_USAGE = 2
 CONFIG_ENV = "VLLM_SUPERVISOR_CONFIG"
@@ -183,7 +183,7 @@ def _from_env(variable: str, configured: Path, default: Path) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`run`: the daemon, until SIGTERM/SIGINT; SIGHUP reloads the config and its table."""
-    from supervisor.app import run_daemon
+    from .app import run_daemon
 
     config = resolve_config(args)
     if not config.units:
@@ -207,8 +207,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     """`triage`: classify a saved journal with the daemon's own pipeline."""
-    from supervisor.classify.table import load_table
-    from supervisor.commands.triage import triage
+    from .classify.table import load_table
+    from .commands.triage import triage
 
     config = with_units(load_config(config_path(args)), args.unit)
     return triage(args.source, config=config, table=load_table(config), output_format=args.format)
@@ -216,7 +216,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """`check-config`: load the config and its signature table, report what was found."""
-    from supervisor.classify.table import load_table
+    from .classify.table import load_table
 
     config = load_config(args.path or config_path(argparse.Namespace()))
     table = load_table(config)
@@ -227,7 +227,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_signatures_list(args: argparse.Namespace) -> int:
     """`signatures list`: one line per signature."""
-    from supervisor.classify.table import load_table
+    from .classify.table import load_table
 
     table = load_table(load_config(config_path(args)))
     for sig in table.signatures:
@@ -237,8 +237,8 @@ def cmd_signatures_list(args: argparse.Namespace) -> int:
 
 def cmd_signatures_test(args: argparse.Namespace) -> int:
     """`signatures test FILE`: the verdict, then which signatures matched which line and why."""
-    from supervisor.classify.table import load_table
-    from supervisor.commands.sigtest import signatures_test
+    from .classify.table import load_table
+    from .commands.sigtest import signatures_test
 
     table = load_table(load_config(config_path(args)))
     return signatures_test(args.file, table)
@@ -246,7 +246,7 @@ def cmd_signatures_test(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """`history`: what the daemon classified, from its state database."""
-    from supervisor.store import Store
+    from .store import Store
 
     config = resolve_config(args)
     path = config.state.state_dir
@@ -275,7 +275,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     """`gate UNIT`: the ExecCondition check."""
-    from supervisor.commands.gate import gate_main
+    from .commands.gate import gate_main
 
     config = resolve_config(args)
     return gate_main(
@@ -285,7 +285,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """`release UNIT`: lift a halt."""
-    from supervisor.commands.gate import release_main
+    from .commands.gate import release_main
 
     config = resolve_config(args)
     return release_main(args.unit, config.state.runtime_dir, config.state.state_dir)
@@ -293,8 +293,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """`preflight UNIT`: catch a crash before the model loads."""
-    from supervisor.classify.table import load_table
-    from supervisor.commands.preflight import preflight_main
+    from .classify.table import load_table
+    from .commands.preflight import preflight_main
 
     config = resolve_config(args)
     unit = config.unit(args.unit)
@@ -319,6 +319,6 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """`demo`: write the seed crash loop into a real journal and run the daemon on it."""
-    from supervisor.commands.demo import run_demo
+    from .commands.demo import run_demo
 
     return run_demo(directory=args.directory, keep=args.keep)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from supervisor.errors import ConfigError
+from .errors import ConfigError
 
 DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")

@@ -26,27 +26,27 @@ from typing import Any
 
 import structlog
 
-from supervisor.actions.actor import Actor
-from supervisor.actions.presence import Here
-from supervisor.classify.signatures import SignatureTable
-from supervisor.classify.table import load_table
-from supervisor.config import Config, restart_only_changes
-from supervisor.errors import StateError, SupervisorError
-from supervisor.journal.reader import (
+from .actions.actor import Actor
+from .actions.presence import Here
+from .classify.signatures import SignatureTable
+from .classify.table import load_table
+from .config import Config, restart_only_changes
+from .errors import StateError, SupervisorError
+from .journal.reader import (
     JournalctlReader,
     ReaderSettings,
     cursor_realtime_us,
     resolve_source,
 )
-from supervisor.journal.writer import local_boot_id, local_machine_id
-from supervisor.model import Ending, Invocation, JournalEntry, Outcome, Taken
-from supervisor.pipeline import Pipeline
-from supervisor.seams import BatchHook, DriftLookup, Notifying, OutcomeSource, StatusReporter, Task
-from supervisor.store import Checkpoint, Store
-from supervisor.telemetry.metrics import Metrics
-from supervisor.track.tracker import SuppressionNotice
-from supervisor.util.aio import first_of
-from supervisor.util.retry import Backoff
+from .journal.writer import local_boot_id, local_machine_id
+from .model import Ending, Invocation, JournalEntry, Outcome, Taken
+from .pipeline import Pipeline
+from .seams import BatchHook, DriftLookup, Notifying, OutcomeSource, StatusReporter, Task
+from .store import Checkpoint, Store
+from .telemetry.metrics import Metrics
+from .track.tracker import SuppressionNotice
+from .util.aio import first_of
+from .util.retry import Backoff
 
 log = structlog.get_logger(__name__)
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import structlog
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.determinism import judge, phase_of
-from supervisor.classify.signatures import SignatureTable
-from supervisor.config import Config
-from supervisor.decide.policy import RestartPolicy
-from supervisor.model import Invocation, JournalEntry, Outcome, Severity, Verdict
-from supervisor.track.tracker import InvocationTracker
+from .classify.classifier import Classifier
+from .classify.determinism import judge, phase_of
+from .classify.signatures import SignatureTable
+from .config import Config
+from .decide.policy import RestartPolicy
+from .model import Invocation, JournalEntry, Outcome, Severity, Verdict
+from .track.tracker import InvocationTracker
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""

@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Protocol
 
-from supervisor.config import Config
-from supervisor.model import JournalEntry, Outcome, UnitState
-from supervisor.store import Writer
+from .config import Config
+from .model import JournalEntry, Outcome, UnitState
+from .store import Writer
 
 # What changed in a unit's environment since its last good start, by (unit, invocation id).
 DriftLookup = Callable[[str, str], list[str]]

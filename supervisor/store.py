@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import StateError
-from supervisor.model import Outcome
-from supervisor.util.files import make_dirs, private_file
+from .errors import StateError
+from .model import Outcome
+from .util.files import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
 

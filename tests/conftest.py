@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal.writer import JournalWriter
+from vllm_supervisor.journal.writer import JournalWriter
 
 
 def wait_for(condition: Callable[[], object], *, timeout: float = 20.0, what: str = "") -> None:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.determinism import Phase
-from supervisor.classify.determinism import judge as judge_invocation
-from supervisor.model import Invocation, LogLine, Verdict
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.determinism import Phase
+from vllm_supervisor.classify.determinism import judge as judge_invocation
+from vllm_supervisor.model import Invocation, LogLine, Verdict
 
 CORPUS = Path(__file__).resolve().parent / "data" / "corpus"
 UNIT = "vllm.service"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.commands.demo import Dist, make_venv
+from vllm_supervisor.commands.demo import Dist, make_venv
 
 # Venv name -> its distributions.
 LAYOUTS: Mapping[str, Sequence[Dist]] = {

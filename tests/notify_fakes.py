@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from supervisor.model import (
+from vllm_supervisor.model import (
     Action,
     Decision,
     Invocation,
@@ -16,7 +16,7 @@ from supervisor.model import (
     Taken,
     Verdict,
 )
-from supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.outbox import Outbox
 
 T0 = 1_800_000_000.0
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.crashloop import STARTING, write_crash_loop
-from supervisor.model import LifecycleEvent
+from vllm_supervisor.model import LifecycleEvent
 
 pytestmark = pytest.mark.skipif(
     shutil.which("journalctl") is None or not Path("/lib/systemd/systemd-journal-remote").exists(),

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.signatures import SignatureTable, load_signature_table
-from supervisor.model import LogLine, Severity
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.model import LogLine, Severity
 
 SEED = Path(__file__).resolve().parents[1] / "supervisor" / "data" / "seed-flashinfer-crash.log"
 

@@ -19,13 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.classify.classifier import Classifier, best_guess
-from supervisor.classify.determinism import Phase, assess, phase_of
-from supervisor.classify.logline import annotate, crash_form, parse_line
-from supervisor.classify.signatures import SignatureTable, load_signature_table
-from supervisor.decide.policy import RestartPolicy
-from supervisor.errors import SignatureTableError
-from supervisor.model import Action, Ending, Invocation, LogLine, Severity
+from vllm_supervisor.classify.classifier import Classifier, best_guess
+from vllm_supervisor.classify.determinism import Phase, assess, phase_of
+from vllm_supervisor.classify.logline import annotate, crash_form, parse_line
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.errors import SignatureTableError
+from vllm_supervisor.model import Action, Ending, Invocation, LogLine, Severity
 
 PREFIXES = (
     "",

@@ -6,12 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.actions.quarantine import Quarantine
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisor", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "vllm_supervisor", *args], capture_output=True, text=True, timeout=60
     )
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from corpus_judge import CORPUS, Label, invocation_of, judge, labels
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.signatures import load_signature_table
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.signatures import load_signature_table
 
 
 def corpus_dir() -> Path:

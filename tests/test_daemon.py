@@ -12,20 +12,20 @@ import structlog.testing
 from conftest import poll
 from slack_server import Reply, SlackServer
 
-from supervisor.actions.actor import Actor
-from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine, quarantine_dir
-from supervisor.app import close_within
-from supervisor.classify.table import load_table
-from supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
-from supervisor.config import Config, Secret, SlackConfig
-from supervisor.daemon import Daemon
-from supervisor.journal.writer import JournalWriter, crashed_invocation
-from supervisor.model import Invocation, JournalEntry
-from supervisor.notify.outbox import Outbox
-from supervisor.notify.webhook import SlackWebhook
-from supervisor.store import Store
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.actions.actor import Actor
+from vllm_supervisor.actions.halt import Halter
+from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
+from vllm_supervisor.app import close_within
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
+from vllm_supervisor.config import Config, Secret, SlackConfig
+from vllm_supervisor.daemon import Daemon
+from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
+from vllm_supervisor.model import Invocation, JournalEntry
+from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.webhook import SlackWebhook
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 
 def _config(root: Path) -> Config:

@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 from corpus_judge import Label, failed_invocation, invocation_of, judge, label_of
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.determinism import judge as judge_invocation
-from supervisor.classify.signatures import SignatureTable, load_signature_table
-from supervisor.decide.policy import RestartPolicy
-from supervisor.model import Action, Decision, Invocation, Severity, Verdict
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.determinism import judge as judge_invocation
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.model import Action, Decision, Invocation, Severity, Verdict
 
 
 @pytest.fixture(scope="module", name="table")

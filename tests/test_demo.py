@@ -9,7 +9,7 @@ import sys
 def test_demo_shows_the_halt_drift_hang_preflight_and_triage() -> None:
     """One run: the crash loop halted with its drift named, a hung engine, preflight failing."""
     done = subprocess.run(
-        [sys.executable, "-m", "supervisor", "demo"],
+        [sys.executable, "-m", "vllm_supervisor", "demo"],
         capture_output=True,
         text=True,
         timeout=120,

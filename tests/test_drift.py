@@ -12,18 +12,18 @@ from types import MappingProxyType
 import pytest
 from conftest import poll
 
-from supervisor.classify.table import load_table
-from supervisor.commands.demo import demo_config
-from supervisor.commands.triage import render_text
-from supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
-from supervisor.daemon import Daemon
-from supervisor.environment.drift import DriftRecorder, with_recorded_drift
-from supervisor.environment.log import EnvironmentLog
-from supervisor.environment.snapshot import EnvSnapshot
-from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
-from supervisor.notify.message import build_payload
-from supervisor.store import Store
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.demo import demo_config
+from vllm_supervisor.commands.triage import render_text
+from vllm_supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
+from vllm_supervisor.daemon import Daemon
+from vllm_supervisor.environment.drift import DriftRecorder, with_recorded_drift
+from vllm_supervisor.environment.log import EnvironmentLog
+from vllm_supervisor.environment.snapshot import EnvSnapshot
+from vllm_supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
+from vllm_supervisor.notify.message import build_payload
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 UNIT = "vllm.service"
 FATAL = "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)."

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from fakevenv import Venvs, session_venvs
 
-from supervisor.environment.execstart import interpreter_from_exec_start
-from supervisor.environment.log import EnvironmentLog
-from supervisor.environment.probe import ProbeError, read_nvidia_driver
-from supervisor.environment.serving import is_serving_line
-from supervisor.environment.snapshot import (
+from vllm_supervisor.environment.execstart import interpreter_from_exec_start
+from vllm_supervisor.environment.log import EnvironmentLog
+from vllm_supervisor.environment.probe import ProbeError, read_nvidia_driver
+from vllm_supervisor.environment.serving import is_serving_line
+from vllm_supervisor.environment.snapshot import (
     Change,
     ChangeKind,
     EnvSnapshot,
@@ -21,7 +21,7 @@ from supervisor.environment.snapshot import (
     render_changes,
     snapshot,
 )
-from supervisor.store import Store
+from vllm_supervisor.store import Store
 
 FLASHINFER = ("flashinfer-python", "Flashinfer_Cubin", "ray")
 

@@ -6,9 +6,15 @@ import dataclasses
 
 import pytest
 
-from supervisor.journal.export import LINE_FIELDS, ExportParser, LineParser, decode, message_text
-from supervisor.journal.writer import EntryFactory, export_entry
-from supervisor.model import JournalEntry, LifecycleEvent
+from vllm_supervisor.journal.export import (
+    LINE_FIELDS,
+    ExportParser,
+    LineParser,
+    decode,
+    message_text,
+)
+from vllm_supervisor.journal.writer import EntryFactory, export_entry
+from vllm_supervisor.model import JournalEntry, LifecycleEvent
 
 
 def _stream() -> bytes:

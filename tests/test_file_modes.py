@@ -10,9 +10,9 @@ from pathlib import Path
 from conftest import wait_for
 from faults.harness import Supervisor, classified, crash, write_config
 
-from supervisor.actions.quarantine import Quarantine
-from supervisor.journal.writer import JournalWriter
-from supervisor.store import DATABASE_NAME, Store
+from vllm_supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.journal.writer import JournalWriter
+from vllm_supervisor.store import DATABASE_NAME, Store
 
 
 def _mode(path: Path) -> int:

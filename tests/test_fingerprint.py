@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.classify.fingerprint import fingerprint, normalise
+from vllm_supervisor.classify.fingerprint import fingerprint, normalise
 
 # Pairs of root-cause lines that are the same crash seen twice.
 SAME = [

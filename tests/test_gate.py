@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.actions.quarantine import Quarantine
-from supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main, release_main
+from vllm_supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main, release_main
 
 
 @pytest.fixture

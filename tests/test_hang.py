@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.actions.actor import Actor
-from supervisor.actions.halt import Halter
-from supervisor.actions.quarantine import Quarantine, quarantine_dir
-from supervisor.classify.table import load_table
-from supervisor.commands.demo import demo_config
-from supervisor.config import Config, UnitConfig, validate
-from supervisor.daemon import Daemon
-from supervisor.decide.hang import HangDetector, HangWatcher
-from supervisor.errors import ConfigError
-from supervisor.journal.writer import JournalWriter, lifecycle, service_lines
-from supervisor.model import JournalEntry, LifecycleEvent, UnitState
-from supervisor.store import Store
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.actions.actor import Actor
+from vllm_supervisor.actions.halt import Halter
+from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.demo import demo_config
+from vllm_supervisor.config import Config, UnitConfig, validate
+from vllm_supervisor.daemon import Daemon
+from vllm_supervisor.decide.hang import HangDetector, HangWatcher
+from vllm_supervisor.errors import ConfigError
+from vllm_supervisor.journal.writer import JournalWriter, lifecycle, service_lines
+from vllm_supervisor.model import JournalEntry, LifecycleEvent, UnitState
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 UNIT = "vllm.service"
 INV = "a" * 32

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from supervisor.config import TrackerConfig
-from supervisor.model import Ending, Invocation, JournalEntry, LifecycleEvent
-from supervisor.track.tracker import InvocationTracker
+from vllm_supervisor.config import TrackerConfig
+from vllm_supervisor.model import Ending, Invocation, JournalEntry, LifecycleEvent
+from vllm_supervisor.track.tracker import InvocationTracker
 
 UNIT = "vllm.service"
 _cursors: Iterator[int] = itertools.count()

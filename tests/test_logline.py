@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.classify.logline import Role, annotate, parse_line, parse_lines
-from supervisor.model import LogLine
+from vllm_supervisor.classify.logline import Role, annotate, parse_line, parse_lines
+from vllm_supervisor.model import LogLine
 
 # (raw line, journal pid, expected text, expected process, expected level)
 PREFIXES = [

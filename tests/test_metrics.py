@@ -13,10 +13,10 @@ import httpx
 import pytest
 from notify_fakes import T0, make_outcome
 
-from supervisor import __version__
-from supervisor.model import Action, Rule, Severity
-from supervisor.telemetry.http import MetricsServer, combine_health, following_check
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor import __version__
+from vllm_supervisor.model import Action, Rule, Severity
+from vllm_supervisor.telemetry.http import MetricsServer, combine_health, following_check
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from notify_fakes import make_outcome
 
-from supervisor.model import Action, Ending, Severity, Taken
-from supervisor.notify.decision import NotifyReason, telling
+from vllm_supervisor.model import Action, Ending, Severity, Taken
+from vllm_supervisor.notify.decision import NotifyReason, telling
 
 
 @pytest.mark.parametrize(

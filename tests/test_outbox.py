@@ -12,13 +12,13 @@ import structlog
 from conftest import poll
 from notify_fakes import T0, FakeClock, make_outcome, running
 
-from supervisor.config import Secret, SlackConfig
-from supervisor.errors import StateError
-from supervisor.model import Action, Outcome, Severity
-from supervisor.notify.outbox import Outbox
-from supervisor.notify.webhook import SlackWebhook
-from supervisor.store import Checkpoint, Store
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.config import Secret, SlackConfig
+from vllm_supervisor.errors import StateError
+from vllm_supervisor.model import Action, Outcome, Severity
+from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.webhook import SlackWebhook
+from vllm_supervisor.store import Checkpoint, Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 URL = Secret("https://hooks.example.invalid/services/T1/B1/tokentokentoken")
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.decide.policy import RestartPolicy
-from supervisor.model import HALT_RULES, Action, Ending, Invocation, Rule, Severity, Verdict
+from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.model import HALT_RULES, Action, Ending, Invocation, Rule, Severity, Verdict
 
 CRASHED = Invocation(
     unit="vllm.service",

@@ -19,20 +19,20 @@ from corpus_judge import failed_invocation, invocation_of, judge, label_of
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.signatures import load_signature_table
-from supervisor.commands.preflight import Status, check_port
-from supervisor.config import Config, UnitConfig
-from supervisor.decide.policy import RestartPolicy
-from supervisor.decide.port_evidence import PortEvidence, port_of
-from supervisor.environment.ports import (
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.signatures import load_signature_table
+from vllm_supervisor.commands.preflight import Status, check_port
+from vllm_supervisor.config import Config, UnitConfig
+from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.decide.port_evidence import PortEvidence, port_of
+from vllm_supervisor.environment.ports import (
     Holder,
     holders,
     parse_listeners,
     process_start,
     unit_of_cgroup,
 )
-from supervisor.model import (
+from vllm_supervisor.model import (
     Action,
     Ending,
     JournalEntry,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from fakevenv import Venvs, session_venvs
 
-from supervisor.actions.quarantine import Quarantine
-from supervisor.classify.signatures import load_signature_table
-from supervisor.commands.preflight import (
+from vllm_supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.classify.signatures import load_signature_table
+from vllm_supervisor.commands.preflight import (
     DEFAULT_FAMILIES,
     EXIT_FAILED,
     EXIT_OK,
@@ -28,9 +28,9 @@ from supervisor.commands.preflight import (
     preflight_main,
     run_preflight,
 )
-from supervisor.environment.log import EnvironmentLog
-from supervisor.environment.snapshot import EnvSnapshot
-from supervisor.store import Store
+from vllm_supervisor.environment.log import EnvironmentLog
+from vllm_supervisor.environment.snapshot import EnvSnapshot
+from vllm_supervisor.store import Store
 
 UNIT = "vllm.service"
 

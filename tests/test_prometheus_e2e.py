@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.commands.demo import DEMO_UNIT, write_demo_journal
+from vllm_supervisor.commands.demo import DEMO_UNIT, write_demo_journal
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
@@ -105,7 +105,7 @@ def _daemon(
         [
             sys.executable,
             "-m",
-            "supervisor",
+            "vllm_supervisor",
             "run",
             "--config",
             str(config),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.actions.quarantine import Quarantine, record_name, unit_from_name
+from vllm_supervisor.actions.quarantine import Quarantine, record_name, unit_from_name
 
 
 @pytest.fixture

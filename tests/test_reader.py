@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import poll
 
-from supervisor.errors import JournalError
-from supervisor.journal.reader import (
+from vllm_supervisor.errors import JournalError
+from vllm_supervisor.journal.reader import (
     JournalctlReader,
     ReaderSettings,
     journalctl_argv,
@@ -25,7 +25,7 @@ from supervisor.journal.reader import (
     reader_argv,
     resolve_source,
 )
-from supervisor.journal.writer import JournalWriter, crashed_invocation, service_lines
+from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation, service_lines
 
 UNIT = "vllm.service"
 
@@ -205,7 +205,7 @@ class TestSourceChoice:
     def test_auto_prefers_the_native_reader_when_built(self) -> None:
         """'auto' runs the libsystemd child, which this checkout builds (libsystemd-dev)."""
         argv = reader_argv(ReaderSettings(units=(UNIT,), source="auto"), None)
-        assert argv[1:4] == ["-P", "-m", "supervisor.journal.native_child"]
+        assert argv[1:4] == ["-P", "-m", "vllm_supervisor.journal.native_child"]
 
     def test_journalctl_can_be_forced(self) -> None:
         """reader = 'journalctl' keeps the journalctl child even when native is built."""

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.util.retry import Backoff
+from vllm_supervisor.util.retry import Backoff
 
 
 def test_doubles_from_the_base_up_to_the_cap() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify.table import load_table
-from supervisor.config import Config, UnitConfig, load_config, parse_listen
-from supervisor.journal.export import decode_all
-from supervisor.journal.writer import crashed_invocation
-from supervisor.pipeline import Pipeline
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.config import Config, UnitConfig, load_config, parse_listen
+from vllm_supervisor.journal.export import decode_all
+from vllm_supervisor.journal.writer import crashed_invocation
+from vllm_supervisor.pipeline import Pipeline
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "supervisor.toml"
 SECTIONS = ("journal", "tracker", "state", "slack", "metrics", "systemd", "drift", "signatures")

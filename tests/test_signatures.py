@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from supervisor.classify.signatures import (
+from vllm_supervisor.classify.signatures import (
     DEFAULT_SIGNATURE_DIR,
     ENV_SIGNATURE_DIR,
     SignatureTable,
     load_signature_table,
 )
-from supervisor.errors import SignatureTableError
-from supervisor.model import Severity
+from vllm_supervisor.errors import SignatureTableError
+from vllm_supervisor.model import Severity
 
 VECTORS_FILE = Path(__file__).parent / "data" / "signature_vectors.toml"
 VECTORS: list[dict[str, Any]] = tomllib.loads(VECTORS_FILE.read_text(encoding="utf-8"))["vector"]
@@ -154,7 +154,7 @@ class TestShippedTable:
         """VLLM_SUPERVISOR_SIGNATURES points the default directory elsewhere."""
         import importlib
 
-        import supervisor.classify.signatures as module
+        import vllm_supervisor.classify.signatures as module
 
         _write(tmp_path, "custom.toml", GOOD)
         monkeypatch.setenv(ENV_SIGNATURE_DIR, str(tmp_path))

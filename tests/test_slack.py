@@ -13,21 +13,21 @@ from conftest import poll
 from notify_fakes import FakeClock, make_outcome, running
 from slack_server import SECRET, Reply, SlackServer
 
-from supervisor.config import Secret, SlackConfig
-from supervisor.errors import NotifyError
-from supervisor.model import Action, Severity, Taken
-from supervisor.notify.decision import Group
-from supervisor.notify.message import (
+from vllm_supervisor.config import Secret, SlackConfig
+from vllm_supervisor.errors import NotifyError
+from vllm_supervisor.model import Action, Severity, Taken
+from vllm_supervisor.notify.decision import Group
+from vllm_supervisor.notify.message import (
     FIELD_LIMIT,
     HEADER_LIMIT,
     SECTION_LIMIT,
     TRUNCATED,
     build_payload,
 )
-from supervisor.notify.outbox import Outbox
-from supervisor.notify.webhook import SlackRateLimited, SlackWebhook
-from supervisor.store import Checkpoint, Store
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.webhook import SlackRateLimited, SlackWebhook
+from vllm_supervisor.store import Checkpoint, Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 
 @pytest.fixture(name="server")

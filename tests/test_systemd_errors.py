@@ -20,13 +20,13 @@ from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
 from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
 
-from supervisor.actions.actor import Actor
-from supervisor.actions.halt import Halter
-from supervisor.actions.presence import Here
-from supervisor.actions.quarantine import Quarantine
-from supervisor.actions.systemd import SystemdClient
-from supervisor.errors import SystemdError
-from supervisor.model import (
+from vllm_supervisor.actions.actor import Actor
+from vllm_supervisor.actions.halt import Halter
+from vllm_supervisor.actions.presence import Here
+from vllm_supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.actions.systemd import SystemdClient
+from vllm_supervisor.errors import SystemdError
+from vllm_supervisor.model import (
     Action,
     Decision,
     Invocation,
@@ -36,7 +36,7 @@ from supervisor.model import (
     UnitState,
     Verdict,
 )
-from supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -342,9 +342,9 @@ def test_the_error_tree_in_errors_py_is_the_code() -> None:
     """Every class drawn in supervisor/errors.py's docstring has the parent it is drawn under."""
     import re
 
-    import supervisor.errors as errors
-    from supervisor.environment.probe import ProbeError
-    from supervisor.notify.webhook import SlackRateLimited
+    import vllm_supervisor.errors as errors
+    from vllm_supervisor.environment.probe import ProbeError
+    from vllm_supervisor.notify.webhook import SlackRateLimited
 
     classes = {c.__name__: c for c in (ProbeError, SlackRateLimited)}
     classes.update({n: c for n, c in vars(errors).items() if isinstance(c, type)})

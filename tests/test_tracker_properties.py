@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from supervisor.classify.table import load_table
-from supervisor.config import Config, TrackerConfig, UnitConfig
-from supervisor.model import Ending, JournalEntry, LifecycleEvent
-from supervisor.pipeline import Pipeline
-from supervisor.track.tracker import InvocationTracker
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.config import Config, TrackerConfig, UnitConfig
+from vllm_supervisor.model import Ending, JournalEntry, LifecycleEvent
+from vllm_supervisor.pipeline import Pipeline
+from vllm_supervisor.track.tracker import InvocationTracker
 
 UNITS = ("vllm.service", "sglang.service")
 HOSTS = (None, "a" * 32, "b" * 32)

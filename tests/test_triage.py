@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.classify.table import load_table
-from supervisor.commands.demo import seed_lines, write_demo_journal
-from supervisor.commands.triage import collect
-from supervisor.config import Config
-from supervisor.journal.saved import sniff
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.demo import seed_lines, write_demo_journal
+from vllm_supervisor.commands.triage import collect
+from vllm_supervisor.config import Config
+from vllm_supervisor.journal.saved import sniff
 
 ROOT_CAUSE = "flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"
 
@@ -27,7 +27,7 @@ def _demo_journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _triage_json(*args: str, stdin: bytes | None = None) -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor", "triage", "--format", "json", *args],
+        [sys.executable, "-m", "vllm_supervisor", "triage", "--format", "json", *args],
         input=stdin,
         capture_output=True,
         check=True,
@@ -91,7 +91,7 @@ class TestSeed:
     def test_text_output_names_cause_site_and_decision(self, demo_journal: Path) -> None:
         """The text view shows what a person needs first: cause, site, fix, decision."""
         out = subprocess.run(
-            [sys.executable, "-m", "supervisor", "triage", str(demo_journal)],
+            [sys.executable, "-m", "vllm_supervisor", "triage", str(demo_journal)],
             capture_output=True,
             check=True,
             text=True,
@@ -122,7 +122,7 @@ class TestInputs:
     def test_missing_file_is_one_line_exit_2(self, tmp_path: Path) -> None:
         """A path that does not exist is a clear error, not a traceback."""
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "triage", str(tmp_path / "nope.log")],
+            [sys.executable, "-m", "vllm_supervisor", "triage", str(tmp_path / "nope.log")],
             capture_output=True,
             text=True,
             timeout=60,

@@ -27,11 +27,11 @@ from typing import Protocol
 
 import structlog
 
-from supervisor.actions.halt import Halter, HaltResult
-from supervisor.actions.presence import Here, Judgement, Presence, judge
-from supervisor.errors import SystemdError
-from supervisor.model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
-from supervisor.telemetry.metrics import Metrics
+from ..errors import SystemdError
+from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
+from ..telemetry.metrics import Metrics
+from .halt import Halter, HaltResult
+from .presence import Here, Judgement, Presence, judge
 
 log = structlog.get_logger(__name__)
 

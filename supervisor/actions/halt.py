@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import structlog
 
-from supervisor.actions.quarantine import Quarantine
-from supervisor.actions.systemd import SystemdClient
-from supervisor.errors import SystemdError
-from supervisor.model import Outcome
-from supervisor.util.retry import Backoff
+from ..errors import SystemdError
+from ..model import Outcome
+from ..util.retry import Backoff
+from .quarantine import Quarantine
+from .systemd import SystemdClient
 
 _log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from supervisor.model import Invocation, UnitState
+from ..model import Invocation, UnitState
 
 
 class Presence(StrEnum):

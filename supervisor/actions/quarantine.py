@@ -19,8 +19,8 @@ from urllib.parse import quote, unquote
 
 import structlog
 
-from supervisor.config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
-from supervisor.util.files import make_dirs
+from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
+from ..util.files import make_dirs
 
 _log = structlog.get_logger(__name__)
 

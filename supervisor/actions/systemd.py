@@ -17,8 +17,8 @@ from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import AuthError, DBusError, DBusFastError, InvalidAddressError
 
-from supervisor.errors import SystemdError
-from supervisor.model import UnitState
+from ..errors import SystemdError
+from ..model import UnitState
 
 SYSTEMD_BUS_NAME: Final = "org.freedesktop.systemd1"
 MANAGER_PATH: Final = "/org/freedesktop/systemd1"

@@ -33,8 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from supervisor.classify.fingerprint import fingerprint
-from supervisor.classify.logline import (
+from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
+from .fingerprint import fingerprint
+from .logline import (
     Annotated,
     Role,
     TracebackBlock,
@@ -42,8 +43,7 @@ from supervisor.classify.logline import (
     crash_form,
     parse_line,
 )
-from supervisor.classify.signatures import SignatureMatch, SignatureTable
-from supervisor.model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
+from .signatures import SignatureMatch, SignatureTable
 
 # A line matching a cause signature; an exception (or another crash form: a Rust panic, a usage
 # error, C++'s `what():`) no signature knows; an error-level message; a cause signature matched

@@ -30,10 +30,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from supervisor.model import Invocation, Severity, Verdict
+from ..model import Invocation, Severity, Verdict
 
 if TYPE_CHECKING:
-    from supervisor.classify.classifier import Classifier
+    from .classifier import Classifier
 
 _MAX_CAUSE_CHARS = 4096  # the classifier's own cap on a root-cause line
 # argparse's and clap's (TGI's launcher) usage errors.

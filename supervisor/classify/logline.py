@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from supervisor.model import LogLine
+from ..model import LogLine
 
 # Prefix families, each an anchored regex with a named outer group (the handlers read
 # `m.lastgroup`). `parse_line` applies them repeatedly because prefixes nest (journal header,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import SignatureTableError
-from supervisor.model import Severity
+from ..errors import SignatureTableError
+from ..model import Severity
 
 _ID = re.compile(r"[a-z][a-z0-9_]*\Z")
 _NAMED_GROUP = re.compile(r"\(\?P<([A-Za-z_]\w*)>")

@@ -21,10 +21,9 @@ from typing import Any
 
 import re2
 
-import supervisor
-from supervisor.classify.schema import SignatureSpec, parse_table_file
-from supervisor.errors import SignatureTableError
-from supervisor.model import Severity
+from ..errors import SignatureTableError
+from ..model import Severity
+from .schema import SignatureSpec, parse_table_file
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
 DEFAULT_MAX_LINE_CHARS = 4096
@@ -37,10 +36,11 @@ def _default_signature_dir() -> Path:
     env = os.environ.get(ENV_SIGNATURE_DIR)
     if env:
         return Path(env)
-    packaged = Path(supervisor.__file__).parent / "data" / "signatures"
+    package = Path(__file__).resolve().parent.parent
+    packaged = package / "data" / "signatures"
     if packaged.is_dir():
         return packaged
-    return Path(supervisor.__file__).resolve().parent.parent / "config" / "signatures"
+    return package.parent / "config" / "signatures"
 
 
 DEFAULT_SIGNATURE_DIR: Path = _default_signature_dir()

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from supervisor.classify.signatures import SignatureTable, load_signature_table
-from supervisor.config import Config
-from supervisor.errors import ConfigError, SupervisorError
+from ..config import Config
+from ..errors import ConfigError, SupervisorError
+from .signatures import SignatureTable, load_signature_table
 
 
 def load_table(config: Config) -> SignatureTable:

@@ -33,13 +33,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from supervisor.actions.quarantine import quarantine_dir
-from supervisor.app import run_daemon
-from supervisor.classify.table import load_table
-from supervisor.commands.gate import gate_main
-from supervisor.commands.preflight import preflight_main
-from supervisor.commands.triage import triage
-from supervisor.config import (
+from ..actions.quarantine import quarantine_dir
+from ..app import run_daemon
+from ..classify.table import load_table
+from ..config import (
     Config,
     JournalConfig,
     MetricsConfig,
@@ -49,16 +46,19 @@ from supervisor.config import (
     SystemdConfig,
     UnitConfig,
 )
-from supervisor.environment.log import EnvironmentLog
-from supervisor.journal.writer import (
+from ..environment.log import EnvironmentLog
+from ..journal.writer import (
     FieldValue,
     JournalWriter,
     crashed_invocation,
     lifecycle,
     service_lines,
 )
-from supervisor.model import LifecycleEvent
-from supervisor.store import Store
+from ..model import LifecycleEvent
+from ..store import Store
+from .gate import gate_main
+from .preflight import preflight_main
+from .triage import triage
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 SEED_LOG = DATA_DIR / "seed-flashinfer-crash.log"

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from supervisor.actions.gatekeeper import Reply, ask, socket_path
-from supervisor.actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
+from ..actions.gatekeeper import Reply, ask, socket_path
+from ..actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
 
 EXIT_ALLOW = 0
 EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.service(5))

@@ -29,23 +29,23 @@ from typing import Any, Protocol, TextIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from supervisor.actions.quarantine import Quarantine, quarantine_dirs
-from supervisor.actions.systemd import SystemdClient
-from supervisor.config import DriftConfig
-from supervisor.environment.execstart import interpreter_from_exec_start
-from supervisor.environment.log import EnvironmentLog
-from supervisor.environment.ports import holders
-from supervisor.environment.probe import (
+from ..actions.quarantine import Quarantine, quarantine_dirs
+from ..actions.systemd import SystemdClient
+from ..config import DriftConfig
+from ..environment.execstart import interpreter_from_exec_start
+from ..environment.log import EnvironmentLog
+from ..environment.ports import holders
+from ..environment.probe import (
     Probe,
     ProbeError,
     normalize_name,
     probe,
     read_nvidia_driver,
 )
-from supervisor.environment.snapshot import diff as env_diff
-from supervisor.environment.snapshot import render_changes, snapshot_from_probe
-from supervisor.errors import SupervisorError, SystemdError
-from supervisor.store import Store
+from ..environment.snapshot import diff as env_diff
+from ..environment.snapshot import render_changes, snapshot_from_probe
+from ..errors import SupervisorError, SystemdError
+from ..store import Store
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.classify.classifier import Classifier
-from supervisor.classify.logline import parse_line
-from supervisor.classify.signatures import SignatureTable
-from supervisor.journal.saved import plain_text_invocation
+from ..classify.classifier import Classifier
+from ..classify.logline import parse_line
+from ..classify.signatures import SignatureTable
+from ..journal.saved import plain_text_invocation
 
 
 def signatures_test(source: str, table: SignatureTable, *, out: TextIO = sys.stdout) -> int:

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from supervisor.classify.signatures import SignatureTable
-from supervisor.config import Config
-from supervisor.environment.drift import with_recorded_drift
-from supervisor.journal.reader import ReaderSettings, read_all
-from supervisor.journal.saved import (
+from ..classify.signatures import SignatureTable
+from ..config import Config
+from ..environment.drift import with_recorded_drift
+from ..journal.reader import ReaderSettings, read_all
+from ..journal.saved import (
     JOURNAL_FILE_MAGIC,
     decode_export,
     decode_json,
@@ -27,8 +27,8 @@ from supervisor.journal.saved import (
     read_file,
     sniff,
 )
-from supervisor.model import Action, Outcome
-from supervisor.pipeline import Pipeline
+from ..model import Action, Outcome
+from ..pipeline import Pipeline
 
 
 def triage(

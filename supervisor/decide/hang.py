@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
-from supervisor.config import Config
-from supervisor.errors import SystemdError
-from supervisor.model import JournalEntry, LifecycleEvent, Outcome
-from supervisor.seams import Supervision, UnitStates
-from supervisor.util.aio import first_of
+from ..config import Config
+from ..errors import SystemdError
+from ..model import JournalEntry, LifecycleEvent, Outcome
+from ..seams import Supervision, UnitStates
+from ..util.aio import first_of
 
 log = structlog.get_logger(__name__)
 

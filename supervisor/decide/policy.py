@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.classify.determinism import Phase
-from supervisor.model import Action, Decision, Ending, Invocation, Rule, Severity, Verdict
+from ..classify.determinism import Phase
+from ..model import Action, Decision, Ending, Invocation, Rule, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
 

@@ -34,10 +34,10 @@ from collections.abc import Callable
 
 import structlog
 
-from supervisor.config import Config
-from supervisor.decide.policy import halt_on_evidence
-from supervisor.environment.ports import Holder, Listener, holders, listeners
-from supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
+from ..config import Config
+from ..environment.ports import Holder, Listener, holders, listeners
+from ..model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
+from .policy import halt_on_evidence
 
 log = structlog.get_logger(__name__)
 

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.config import Config
-from supervisor.environment.execstart import interpreter_from_exec_start
-from supervisor.environment.log import EnvironmentLog
-from supervisor.environment.probe import ProbeError
-from supervisor.environment.serving import is_serving_line
-from supervisor.environment.snapshot import EnvSnapshot, snapshot
-from supervisor.errors import StateError, SystemdError
-from supervisor.model import JournalEntry, Outcome
-from supervisor.store import Store
+from ..config import Config
+from ..errors import StateError, SystemdError
+from ..model import JournalEntry, Outcome
+from ..store import Store
+from .execstart import interpreter_from_exec_start
+from .log import EnvironmentLog
+from .probe import ProbeError
+from .serving import is_serving_line
+from .snapshot import EnvSnapshot, snapshot
 
 log = structlog.get_logger(__name__)
 

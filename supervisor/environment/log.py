@@ -7,9 +7,9 @@ import json
 import sqlite3
 from typing import Any
 
-from supervisor.environment.snapshot import Change, EnvSnapshot, diff
-from supervisor.errors import StateError
-from supervisor.store import Store, Writer
+from ..errors import StateError
+from ..store import Store, Writer
+from .snapshot import Change, EnvSnapshot, diff
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS environment_log (

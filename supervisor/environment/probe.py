@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from supervisor.errors import SupervisorError
+from ..errors import SupervisorError
 
 NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")
 

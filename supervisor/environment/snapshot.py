@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from supervisor.environment.probe import (
+from .probe import (
     NVIDIA_VERSION_PATH,
     Probe,
     normalize_name,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.model import EMPTY, JournalEntry, field_int
+from ..model import EMPTY, JournalEntry, field_int
 
 Fields = dict[bytes, bytes]
 

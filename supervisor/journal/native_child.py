@@ -1,4 +1,4 @@
-"""`python -m supervisor.journal.native_child`: the libsystemd reader, as a child process.
+"""`python -m vllm_supervisor.journal.native_child`: the libsystemd reader, as a child process.
 
 Only the parent (`supervisor.journal.reader`) runs this. It writes the journal to stdout in
 `journalctl -o export` framing, restricted to the fields the pipeline reads, and exits with
@@ -18,7 +18,7 @@ from pathlib import Path
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The child's command line (built by `reader.native_argv`)."""
-    parser = argparse.ArgumentParser(prog="python -m supervisor.journal.native_child")
+    parser = argparse.ArgumentParser(prog="python -m vllm_supervisor.journal.native_child")
     parser.add_argument("--directory", type=Path)
     parser.add_argument("--file", type=Path, action="append", default=[])
     parser.add_argument("--unit", action="append", default=[])
@@ -35,7 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Stream the journal to fd 1; journalctl-like exit status."""
-    from supervisor.journal import _sdjournal
+    from . import _sdjournal
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # SIGUSR1 from the parent: look at the journal now. journald tells readers of new entries

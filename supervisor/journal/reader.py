@@ -36,16 +36,16 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.errors import JournalError
-from supervisor.journal.export import (
+from ..errors import JournalError
+from ..model import JournalEntry
+from ..util.retry import Backoff
+from .export import (
     OUTPUT_FIELDS,
     ExportParser,
     Fields,
     LineParser,
     decode_all,
 )
-from supervisor.model import JournalEntry
-from supervisor.util.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,10 @@ class ReaderSettings:
 
 
 SOURCES = ("auto", "native", "journalctl")
-NATIVE_MODULE = "supervisor.journal._sdjournal"
+# This package under its installed name (vllm_supervisor) or as a source tree (supervisor).
+_PACKAGE = __name__.rpartition(".")[0]
+NATIVE_MODULE = f"{_PACKAGE}._sdjournal"
+NATIVE_CHILD = f"{_PACKAGE}.native_child"
 
 
 def native_available() -> bool:
@@ -108,9 +111,8 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     Units are matched as journalctl --unit matches them when reading once, and on the entries'
     unit fields when following (as `_about` does), for the reason `_about` gives.
     """
-    # -P: the child imports the installed package, never a `supervisor/` in the working
-    # directory (a checkout, or PyPI's supervisord package: vLLM pulls it in).
-    argv = [sys.executable, "-P", "-m", "supervisor.journal.native_child", "--lines"]
+    # -P: the child imports the installed package, never a checkout in the working directory.
+    argv = [sys.executable, "-P", "-m", NATIVE_CHILD, "--lines"]
     argv += [f"--field={name.decode()}" for name in OUTPUT_FIELDS]
     # The parser cuts a message to max_line_chars * 4 bytes; libsystemd need not inflate more.
     argv.append(f"--data-threshold={settings.max_line_chars * 4 + 64}")

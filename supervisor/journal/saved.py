@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from supervisor.errors import JournalError
-from supervisor.journal.export import ExportParser, Fields, decode
-from supervisor.model import Invocation, JournalEntry, LogLine
+from ..errors import JournalError
+from ..model import Invocation, JournalEntry, LogLine
+from .export import ExportParser, Fields, decode
 
 JOURNAL_FILE_MAGIC = b"LPKSHHRH"  # the first bytes of a binary journal file
 

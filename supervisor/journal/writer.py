@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from supervisor.errors import JournalError
-from supervisor.model import LifecycleEvent
+from ..errors import JournalError
+from ..model import LifecycleEvent
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 FieldValue = str | bytes | int

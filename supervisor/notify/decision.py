@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from supervisor.model import Action, Ending, Outcome, Severity, Taken
+from ..model import Action, Ending, Outcome, Severity, Taken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.model import Outcome, Taken
-from supervisor.notify.decision import Group
+from ..model import Outcome, Taken
+from .decision import Group
 
 SECTION_LIMIT = 3000  # Slack: a section's text, a context element
 FIELD_LIMIT = 2000  # Slack: one section field

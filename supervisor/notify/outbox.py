@@ -45,23 +45,23 @@ from typing import Any
 
 import structlog
 
-from supervisor.config import SlackConfig
-from supervisor.errors import NotifyError, StateError
-from supervisor.model import Outcome
-from supervisor.notify.decision import (
+from ..config import SlackConfig
+from ..errors import NotifyError, StateError
+from ..model import Outcome
+from ..store import Store, Writer
+from ..telemetry.metrics import Metrics
+from ..util.aio import first_of
+from ..util.retry import Backoff
+from .decision import (
     NotifyReason,
     dedupe_key,
     group_key,
     is_backlog,
     telling,
 )
-from supervisor.notify.message import build_payload
-from supervisor.notify.queue import MemberKey, OutboxQueue, QueuedMessage, dump
-from supervisor.notify.webhook import SlackRateLimited, SlackWebhook
-from supervisor.store import Store, Writer
-from supervisor.telemetry.metrics import Metrics
-from supervisor.util.aio import first_of
-from supervisor.util.retry import Backoff
+from .message import build_payload
+from .queue import MemberKey, OutboxQueue, QueuedMessage, dump
+from .webhook import SlackRateLimited, SlackWebhook
 
 BACKOFF_BASE_S = 1.0
 RETENTION_S = 7 * 86400.0  # delivered and failed messages are kept this long for inspection

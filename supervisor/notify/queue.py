@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.errors import StateError
-from supervisor.model import Outcome
-from supervisor.notify.decision import Group, dedupe_key, group_key
-from supervisor.store import Store, mark_notified
+from ..errors import StateError
+from ..model import Outcome
+from ..store import Store, mark_notified
+from .decision import Group, dedupe_key, group_key
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from supervisor.config import Secret
-from supervisor.errors import NotifyError
+from ..config import Secret
+from ..errors import NotifyError
 
 ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
 MAX_BODY_BYTES = 4096  # at most this much of a reply is read: a huge or endless body is cut

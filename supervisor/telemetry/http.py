@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.telemetry.metrics import Metrics
+from .metrics import Metrics
 
 HealthCheck = Callable[[], tuple[bool, dict[str, Any]]]
 """Returns (healthy, details); details are rendered as the JSON body of /healthz."""

@@ -27,8 +27,8 @@ from prometheus_client.exposition import (  # noqa: TID251
     generate_latest,
 )
 
-from supervisor import __version__
-from supervisor.model import HALT_RULES, Action, Outcome, Rule, Severity
+from .. import __version__
+from ..model import HALT_RULES, Action, Outcome, Rule, Severity
 
 # `*_created` gauges double every counter's series and nothing of ours reads them. This is
 # process-wide, which is acceptable because no other module may use prometheus_client.

@@ -36,9 +36,9 @@ from typing import Any
 
 import re2
 
-from supervisor.config import TrackerConfig
-from supervisor.environment.serving import is_serving_line
-from supervisor.model import (
+from ..config import TrackerConfig
+from ..environment.serving import is_serving_line
+from ..model import (
     Ending,
     Invocation,
     JournalEntry,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.commands.demo import seed_lines
-from supervisor.journal.writer import FieldValue, crashed_invocation
+from vllm_supervisor.commands.demo import seed_lines
+from vllm_supervisor.journal.writer import FieldValue, crashed_invocation
 
 UNIT = "vllm.service"
 NCCL_TIMEOUT = [
@@ -100,7 +100,7 @@ def crash(
 
 @dataclass
 class Supervisor:
-    """A `python -m supervisor run` child started by the test (and killed only by it)."""
+    """A `python -m vllm_supervisor run` child started by the test (and killed only by it)."""
 
     root: Path
     config: Path
@@ -122,7 +122,7 @@ class Supervisor:
         env.pop("VLLM_SUPERVISOR_SLACK_WEBHOOK_URL", None)
         with log.open("wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "vllm_supervisor", "run", "--config", str(self.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -207,7 +207,7 @@ def is_reader(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return comm(pid) == "journalctl" or b"supervisor.journal.native_child" in argv
+    return comm(pid) == "journalctl" or b"vllm_supervisor.journal.native_child" in argv
 
 
 def db_rows(state_dir: Path, sql: str) -> list[Any]:
@@ -242,7 +242,7 @@ def history_cli(state_dir: Path) -> list[dict[str, Any]]:
         [
             sys.executable,
             "-m",
-            "supervisor",
+            "vllm_supervisor",
             "history",
             "--format",
             "json",

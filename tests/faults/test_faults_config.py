@@ -60,9 +60,9 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, name: str, command: st
         ["check-config", str(path)] if command == "check-config" else ["run", "--config", str(path)]
     )
     result = subprocess.run(
-        [sys.executable, "-m", "supervisor", *argv, "--state-dir", str(tmp_path / "s")]
+        [sys.executable, "-m", "vllm_supervisor", *argv, "--state-dir", str(tmp_path / "s")]
         if command == "run"
-        else [sys.executable, "-m", "supervisor", *argv],
+        else [sys.executable, "-m", "vllm_supervisor", *argv],
         capture_output=True,
         text=True,
         timeout=60,

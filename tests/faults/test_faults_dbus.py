@@ -17,7 +17,7 @@ from conftest import wait_for
 from slack_server import SECRET, SlackServer
 
 from faults.harness import Supervisor, crash, db_rows, history_cli, write_config
-from supervisor.journal.writer import JournalWriter
+from vllm_supervisor.journal.writer import JournalWriter
 
 SYSTEMD = "enabled = true\nstop_attempts = 3\nstop_timeout_s = 1.0\n"
 FAILURES = 'vllm_supervisor_halt_failures_total{reason="bus_unavailable",unit="vllm.service"}'

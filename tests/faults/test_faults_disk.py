@@ -32,7 +32,7 @@ from faults.harness import (
     last_cursor,
     saved_cursor,
 )
-from supervisor.journal.writer import JournalWriter
+from vllm_supervisor.journal.writer import JournalWriter
 
 QUARANTINE = Path("run") / "quarantine" / "vllm.service.json"
 COMMIT_FAILED = 'vllm_supervisor_state_errors_total{reason="commit_failed"}'

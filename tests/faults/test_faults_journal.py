@@ -20,7 +20,7 @@ from faults.harness import (
     last_cursor,
     saved_cursor,
 )
-from supervisor.journal.writer import FieldValue, JournalWriter, service_lines, vacuum_files
+from vllm_supervisor.journal.writer import FieldValue, JournalWriter, service_lines, vacuum_files
 
 KIND_OF = {1: "fatal", 2: "transient", 3: "unknown", 4: "fatal", 5: "transient", 6: "unknown"}
 GAPS = "vllm_supervisor_journal_cursor_gaps_total"

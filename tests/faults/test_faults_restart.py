@@ -24,7 +24,7 @@ from faults.harness import (
     last_cursor,
     saved_cursor,
 )
-from supervisor.journal.writer import JournalWriter
+from vllm_supervisor.journal.writer import JournalWriter
 
 KINDS = ("fatal", "transient", "unknown", "unknown", "transient")
 SLACK_EXTRA = "group_interval_s = 0.2\n"

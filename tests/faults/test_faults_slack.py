@@ -27,7 +27,7 @@ from slack_server import SECRET, WEBHOOK_PATH, Reply, SlackServer
 
 from faults.conftest import SupervisorFactory
 from faults.harness import UNIT, Supervisor, classified, crash, db_rows, history_cli
-from supervisor.journal.writer import JournalWriter, crashed_invocation
+from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
 
 QUARANTINE = Path("run") / "quarantine" / f"{UNIT}.json"
 RETRIED = 'vllm_supervisor_notifications_total{outcome="retried"}'

@@ -11,7 +11,7 @@ from conftest import wait_for
 
 from faults.conftest import SupervisorFactory
 from faults.harness import classified, crash, history_cli
-from supervisor.journal.writer import JournalWriter
+from vllm_supervisor.journal.writer import JournalWriter
 
 
 def wait_until(condition: object, seconds: float) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from supervisor.journal.writer import (
+from vllm_supervisor.journal.writer import (
     FieldValue,
     exit_entries,
     lifecycle,
@@ -14,7 +14,7 @@ from supervisor.journal.writer import (
     start_entries,
     stop_job_entries,
 )
-from supervisor.model import LifecycleEvent
+from vllm_supervisor.model import LifecycleEvent
 
 Entry = dict[str, FieldValue]
 UNIT = "vllm.service"

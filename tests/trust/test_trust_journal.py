@@ -26,8 +26,6 @@ from faults.conftest import SupervisorFactory
 from faults.harness import Supervisor, classified, crash, db_rows, history_cli
 from slack_server import SlackServer
 
-from supervisor.journal.writer import EntryFactory, JournalWriter, exit_entries, lifecycle
-from supervisor.model import LifecycleEvent
 from trust.journal import (
     REQUEST_ERROR,
     UNIT,
@@ -42,6 +40,8 @@ from trust.journal import (
     stopped_by_a_person,
     suppressed,
 )
+from vllm_supervisor.journal.writer import EntryFactory, JournalWriter, exit_entries, lifecycle
+from vllm_supervisor.model import LifecycleEvent
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "journals"
@@ -110,7 +110,7 @@ class TestNeverDies:
         port-in-use crash loop, `systemctl stop` while it waited to restart, `systemctl start`
         1.5 s later. It raised KeyError; now every invocation is reported once."""
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "triage", "--format", "json",
+            [sys.executable, "-m", "vllm_supervisor", "triage", "--format", "json",
              str(DATA / "port-in-use-stop-start.export")],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
@@ -262,7 +262,7 @@ class TestTheCauseBelongsToTheCrash:
         with JournalWriter(journal) as writer:
             writer.write(entries)
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "triage", "--format", "json", str(journal)],
+            [sys.executable, "-m", "vllm_supervisor", "triage", "--format", "json", str(journal)],
             capture_output=True, text=True, timeout=120, check=True,
         )  # fmt: skip
         [crashed] = json.loads(result.stdout)["invocations"]
@@ -385,7 +385,8 @@ class TestHonestState:
             wait_for(lambda: _metric(sup, HALTED) == 1.0, what="unit_halted 1")
             assert _metric(sup, HALTS) == 0.0
             subprocess.run(
-                [sys.executable, "-m", "supervisor", "release", UNIT, "--config", str(sup.config)],
+                [sys.executable, "-m", "vllm_supervisor", "release", UNIT,
+                 "--config", str(sup.config)],
                 check=True, capture_output=True, timeout=30,
             )  # fmt: skip
             assert _metric(sup, HALTED) == 0.0
@@ -402,7 +403,7 @@ class TestHonestState:
         first.start()
         wait_for(first.following, what="the first daemon following")
         second = subprocess.run(
-            [sys.executable, "-m", "supervisor", "run", "--config", str(first.config)],
+            [sys.executable, "-m", "vllm_supervisor", "run", "--config", str(first.config)],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         assert second.returncode == 2
@@ -418,7 +419,7 @@ class TestHonestState:
         config = tmp_path / "supervisor.toml"
         config.write_text('[[unit]]\nname = "vllm@.service"\n', encoding="utf-8")
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "check-config", str(config)],
+            [sys.executable, "-m", "vllm_supervisor", "check-config", str(config)],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         assert result.returncode == 2
@@ -513,7 +514,7 @@ class TestTheGateFindsTheDaemon:
         (runtime / "quarantine" / f"{UNIT}.json").write_text('{"signature": "x"}\n')
         env = {**os.environ, "VLLM_SUPERVISOR_CONFIG": str(config)}
         gate = subprocess.run(
-            [sys.executable, "-m", "supervisor", "gate", UNIT],
+            [sys.executable, "-m", "vllm_supervisor", "gate", UNIT],
             env=env, capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         assert gate.returncode == 1, gate.stderr
@@ -527,7 +528,7 @@ class TestTheGateFindsTheDaemon:
             encoding="utf-8",
         )
         gate = subprocess.run(
-            [sys.executable, "-m", "supervisor", "gate", UNIT, "--config", str(config)],
+            [sys.executable, "-m", "vllm_supervisor", "gate", UNIT, "--config", str(config)],
             capture_output=True, text=True, timeout=30, check=False,
         )  # fmt: skip
         assert gate.returncode == 0

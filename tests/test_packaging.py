@@ -1,0 +1,113 @@
+"""The installed package: its own import name, beside PyPI's `supervisor` (supervisord).
+
+The repository folder is `supervisor/`, but `supervisor` is the import name of supervisord,
+which vLLM itself pulls in (through model-hosting-container-standards). Installed under one
+name, uninstalling either package deleted the other's files. The package now installs as
+`vllm_supervisor` and imports itself relatively; these tests build it into a fresh venv next to
+supervisord (a wheel `scripts/install-deps` downloaded: no network here) and run both.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WHEELS = REPO / ".cache" / "wheels"
+
+
+def run(*argv: str | Path, timeout: float = 300) -> str:
+    done = subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def copy_of_repo(dest: Path) -> Path:
+    """The tracked files only (a build writes into its source tree)."""
+    files = run("git", "-C", REPO, "ls-files", "-z").split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file() and not name.startswith("tests/"):
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    return dest
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv (seeing this interpreter's dependencies) with supervisord and vllm-supervisor."""
+    wheel = sorted(WHEELS.glob("supervisor-*.whl"))
+    assert wheel, f"no supervisord wheel in {WHEELS}: run scripts/install-deps"
+    root = tmp_path_factory.mktemp("pkg")
+    env = root / "venv"
+    run(sys.executable, "-m", "venv", "--system-site-packages", env)
+    pip = (env / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check")
+    run(*pip, "install", "--no-index", "--no-deps", wheel[-1])
+    source = copy_of_repo(root / "src")
+    run(*pip, "install", "--no-deps", "--no-build-isolation", source)
+    return env
+
+
+def where(env: Path, module: str) -> str:
+    code = f"import {module}; print({module}.__file__)"
+    return run(env / "bin" / "python", "-I", "-c", code).strip()
+
+
+class TestBesideSupervisord:
+    def test_both_run_from_one_venv(self, venv: Path) -> None:
+        """Each command runs, each import name is its own package in the venv."""
+        assert run(venv / "bin" / "supervisord", "--version").strip().startswith("4.")
+        assert run(venv / "bin" / "vllm-supervisor", "--version").startswith("vllm-supervisor")
+        assert where(venv, "supervisor").startswith(str(venv))
+        assert where(venv, "vllm_supervisor").startswith(str(venv))
+        assert "/supervisor/" in where(venv, "supervisor")
+
+    def test_the_native_reader_is_built_under_the_new_name(self, venv: Path) -> None:
+        """The C extension installs as vllm_supervisor.journal._sdjournal and its child runs."""
+        code = "import vllm_supervisor.journal._sdjournal as m; print(m.__name__)"
+        out = run(venv / "bin" / "python", "-I", "-c", code).strip()
+        assert out == "vllm_supervisor.journal._sdjournal"
+
+    def test_removing_one_leaves_the_other_whole(self, venv: Path) -> None:
+        """Uninstalling vllm-supervisor does not touch supervisord's files, and back."""
+        pip = (venv / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check")
+        run(*pip, "uninstall", "-y", "vllm-supervisor")
+        assert run(venv / "bin" / "supervisord", "--version").strip().startswith("4.")
+        run(*pip, "install", "--no-deps", "--no-build-isolation", venv.parent / "src")
+        run(*pip, "uninstall", "-y", "supervisor")
+        assert run(venv / "bin" / "vllm-supervisor", "--version").startswith("vllm-supervisor")
+        assert where(venv, "vllm_supervisor").startswith(str(venv))
+
+
+def test_every_folder_of_the_package_is_installed() -> None:
+    """pyproject's explicit package list (needed for the name mapping) names every folder."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"vllm_supervisor": "supervisor"}
+    folders = sorted(
+        "vllm_supervisor"
+        + "".join(f".{p}" for p in init.parent.relative_to(REPO / "supervisor").parts)
+        for init in (REPO / "supervisor").rglob("__init__.py")
+    )
+    assert sorted(config["packages"]) == folders
+
+
+def test_the_package_imports_itself_relatively() -> None:
+    """No module names `supervisor` absolutely: under that name it would load supervisord."""
+    absolute = []
+    for path in sorted((REPO / "supervisor").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            absolute += [f"{path}: {n}" for n in names if n.split(".")[0] == "supervisor"]
+    assert absolute == []
