@@ -226,6 +226,7 @@ def _state_health(daemon: Daemon) -> HealthCheck:
         return not reasons, {
             "state_errors": daemon.state.state_errors,
             "pending_commits": pending,
+            "last_verdict": daemon.state.last_verdict,
             "reasons": reasons,
         }
 

@@ -101,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--state-dir", type=Path)
         cmd.set_defaults(handler=handler)
 
+    status = sub.add_parser("status", help="what is halted, why, and is the supervisor healthy")
+    status.add_argument("unit", nargs="*", help="these units (default: every configured one)")
+    status.add_argument("--config", type=Path)
+    status.add_argument("--runtime-dir", type=Path)
+    status.add_argument("--state-dir", type=Path)
+    status.add_argument("--format", choices=("text", "json"), default="text")
+    status.set_defaults(handler=cmd_status)
+
     preflight = sub.add_parser("preflight", help="check a unit's environment before it starts")
     preflight.add_argument("unit")
     preflight.add_argument("--config", type=Path)
@@ -289,6 +297,14 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     config = resolve_config(args)
     return release_main(args.unit, config.state.runtime_dir, config.state.state_dir)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`status [UNIT...]`: halted units, why and since when, and the daemon's health."""
+    from .commands.status import status_main
+
+    config = resolve_config(args)
+    return status_main(config, args.unit, output_format=args.format, out=sys.stdout)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

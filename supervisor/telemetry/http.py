@@ -157,6 +157,8 @@ def following_check(metrics: Metrics) -> HealthCheck:
 
     def check() -> tuple[bool, dict[str, Any]]:
         ok = metrics.is_following
-        return ok, {"following": ok, "reasons": [] if ok else ["not following the journal"]}
+        lag = None if metrics.lag_s is None else round(metrics.lag_s, 3)
+        reasons = [] if ok else ["not following the journal"]
+        return ok, {"following": ok, "journal_lag_s": lag, "reasons": reasons}
 
     return check

@@ -82,6 +82,7 @@ class Metrics:
         self._signatures: set[str] = set()
         self._severities: dict[str, str] = {}
         self.is_following = False
+        self.lag_s: float | None = None  # the last journal lag, for /healthz
         self._declare_journal()
         self._declare_crashes()
         self._declare_actions()
@@ -277,7 +278,8 @@ class Metrics:
 
     def journal_lag(self, seconds: float) -> None:
         """Record how far behind the journal's newest entry the reader is."""
-        self._lag.set(max(0.0, seconds))
+        self.lag_s = max(0.0, seconds)
+        self._lag.set(self.lag_s)
 
     def following(self, is_following: bool) -> None:
         """Record whether the journal is being followed (feeds /healthz too)."""

@@ -1,0 +1,351 @@
+"""`vllm-supervisor status [UNIT]`: the first screen of an incident.
+
+What is halted on this host, since when and why, how to release it, what systemd says of each
+supervised unit, its last verdicts and what changed in its environment, and whether the
+supervisor itself runs and is healthy. One command instead of `gate`, `history`, `systemctl`
+and `curl /healthz`.
+
+Every source is read independently and may be missing (systemd unreachable, the daemon down,
+the state database not there yet): what could not be read is said, the rest is shown. The exit
+status is for scripts: 0 nothing halted and the daemon healthy, 1 a unit is halted, 3 the daemon
+is not running or not healthy (and nothing is halted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fcntl
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from ..actions.quarantine import Quarantine, quarantine_dirs
+from ..actions.systemd import SystemdClient
+from ..app import LOCK_NAME
+from ..config import Config, parse_listen
+from ..errors import SupervisorError
+from ..model import UnitState
+from ..store import Store
+
+EXIT_HEALTHY = 0
+EXIT_HALTED = 1
+EXIT_DAEMON_DOWN = 3  # as `systemctl status` says of an inactive unit
+LAST_VERDICTS = 3
+HEALTH_TIMEOUT_S = 2.0
+SYSTEMD_TIMEOUT_S = 2.0
+
+UnitStates = Callable[[Sequence[str]], dict[str, UnitState | str]]
+Health = Callable[[str], tuple[bool, dict[str, Any]] | str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitStatus:
+    """One supervised unit as the sources say it."""
+
+    unit: str
+    systemd: dict[str, Any] | None  # ActiveState, SubState, NRestarts, InvocationID
+    systemd_error: str | None = None
+    halted: dict[str, Any] | None = None  # the quarantine record, with its path
+    last: tuple[dict[str, Any], ...] = ()  # newest first
+    drift: tuple[str, ...] = ()  # of the newest crash
+
+    def to_json(self) -> dict[str, Any]:
+        """The unit's entry of `status --format json`."""
+        return dataclasses.asdict(self) | {"last": list(self.last), "drift": list(self.drift)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonStatus:
+    """The supervisor itself."""
+
+    running: bool | None  # None: its lock could not be read
+    pid: int | None = None
+    healthy: bool | None = None  # None: /healthz not asked (metrics off) or not answering
+    health: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """Everything `status` shows."""
+
+    units: tuple[UnitStatus, ...]
+    daemon: DaemonStatus
+
+    @property
+    def exit_code(self) -> int:
+        """0 healthy, 1 a unit halted, 3 the daemon down or unhealthy."""
+        if any(u.halted for u in self.units):
+            return EXIT_HALTED
+        if not (self.daemon.running and self.daemon.healthy is not False):
+            return EXIT_DAEMON_DOWN
+        return EXIT_HEALTHY
+
+    def to_json(self) -> dict[str, Any]:
+        """`status --format json`."""
+        return {
+            "units": [u.to_json() for u in self.units],
+            "daemon": dataclasses.asdict(self.daemon),
+            "exit_code": self.exit_code,
+        }
+
+
+def gather(
+    config: Config,
+    units: Sequence[str],
+    *,
+    unit_states: UnitStates | None = None,
+    health: Health | None = None,
+) -> Status:
+    """Read every source for `units` (the configured ones by default)."""
+    names = list(units) or [u.name for u in config.units]
+    states = (unit_states or systemd_states)(names) if names else {}
+    halted = _quarantined(config)
+    history = _history(config.state.state_dir)
+    daemon = daemon_status(config, health or ask_health)
+    return Status(
+        units=tuple(
+            _unit_status(name, states.get(name, "not asked"), halted.get(name), history)
+            for name in names
+        ),
+        daemon=daemon,
+    )
+
+
+def _unit_status(
+    unit: str,
+    state: UnitState | str,
+    halted: dict[str, Any] | None,
+    history: list[dict[str, Any]],
+) -> UnitStatus:
+    mine = [h for h in history if isinstance(h, dict) and h.get("unit") == unit]
+    mine = mine[-LAST_VERDICTS:][::-1]
+    last = tuple(_verdict_line(h) for h in mine)
+    crashes = [h for h in mine if isinstance(h.get("drift"), list) and h["drift"]]
+    systemd = None if isinstance(state, str) else _state_json(state)
+    return UnitStatus(
+        unit=unit,
+        systemd=systemd,
+        systemd_error=state if isinstance(state, str) else None,
+        halted=halted,
+        last=last,
+        drift=tuple(str(d) for d in crashes[0]["drift"]) if crashes else (),
+    )
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    """A JSON object read from disk or the network, or an empty one for anything else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _state_json(state: UnitState) -> dict[str, Any]:
+    return {
+        "active_state": state.active_state,
+        "sub_state": state.sub_state,
+        "n_restarts": state.n_restarts,
+        "invocation_id": state.invocation_id or None,
+    }
+
+
+def _verdict_line(item: dict[str, Any]) -> dict[str, Any]:
+    verdict, decision = _mapping(item.get("verdict")), _mapping(item.get("decision"))
+    return {
+        "time": item.get("time"),
+        "invocation_id": item.get("invocation_id"),
+        "severity": verdict.get("severity"),
+        "signature": verdict.get("signature"),
+        "root_cause": verdict.get("root_cause"),
+        "action": decision.get("action"),
+        "rule": decision.get("rule"),
+        "taken": item.get("taken"),
+    }
+
+
+def _quarantined(config: Config) -> dict[str, dict[str, Any]]:
+    """Every quarantine record of this daemon's directories, with the file it is in."""
+    found: dict[str, dict[str, Any]] = {}
+    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
+        records = Quarantine(directory)
+        for unit, record in records.list().items():
+            found.setdefault(unit, {**record, "path": str(records.path(unit))})
+    return found
+
+
+def _history(state_dir: Path) -> list[dict[str, Any]]:
+    try:
+        store = Store.existing_in_directory(state_dir)
+    except SupervisorError:
+        return []
+    if store is None:
+        return []
+    try:
+        return store.history()
+    except SupervisorError:
+        return []
+    finally:
+        store.close()
+
+
+def systemd_states(units: Sequence[str]) -> dict[str, UnitState | str]:
+    """Each unit's state from systemd over D-Bus, or why it could not be read."""
+
+    async def ask() -> dict[str, UnitState | str]:
+        client = SystemdClient(timeout_s=SYSTEMD_TIMEOUT_S)
+        answers: dict[str, UnitState | str] = {}
+        try:
+            await client.connect()
+            for unit in units:
+                try:
+                    answers[unit] = await client.unit_state(unit)
+                except SupervisorError as exc:
+                    answers[unit] = str(exc)
+        finally:
+            await client.close()
+        return answers
+
+    try:
+        return asyncio.run(ask())
+    except (SupervisorError, OSError) as exc:
+        return dict.fromkeys(units, f"systemd not reachable: {exc}")
+
+
+def daemon_status(config: Config, health: Health) -> DaemonStatus:
+    """Whether a daemon holds this state directory's lock, and what its /healthz says."""
+    running, pid, error = _lock_holder(config.state.state_dir / LOCK_NAME)
+    if not running:
+        return DaemonStatus(running=running, pid=pid, error=error)
+    if not config.metrics.enabled:
+        return DaemonStatus(running=True, pid=pid, error="metrics.enabled = false: no /healthz")
+    host, port = parse_listen(config.metrics.listen, key="metrics.listen")
+    answer = health(f"http://{_url_host(host)}:{port}/healthz")
+    if isinstance(answer, str):
+        return DaemonStatus(running=True, pid=pid, error=answer)
+    healthy, details = answer
+    return DaemonStatus(running=True, pid=pid, healthy=healthy, health=details)
+
+
+def _lock_holder(path: Path) -> tuple[bool | None, int | None, str | None]:
+    """(running, pid, error): a daemon holds the flock on its lock file while it runs."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False, None, f"no daemon has run with this state directory ({path.parent})"
+    except OSError as exc:
+        return None, None, f"{path}: {exc.strerror}"
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        pid = int(text) if text.isdigit() else None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True, pid, None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, None, "the supervisor is not running"
+    finally:
+        os.close(fd)
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):  # noqa: S104 - a listen address, asked on loopback
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def ask_health(url: str) -> tuple[bool, dict[str, Any]] | str:
+    """The daemon's /healthz: (healthy, its JSON), or why it did not answer."""
+    try:
+        with httpx.Client(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
+            response = client.get(url)
+        body = response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"{url}: {type(exc).__name__}: {exc}"
+    if not isinstance(body, dict):
+        return f"{url}: not a JSON object"
+    return response.status_code == 200, body
+
+
+def render_text(status: Status) -> str:
+    """A person's screen."""
+    out: list[str] = []
+    for unit in status.units:
+        out += _render_unit(unit)
+    out += _render_daemon(status.daemon)
+    return "\n".join(out) + "\n"
+
+
+def _render_unit(unit: UnitStatus) -> list[str]:
+    mark = "HALTED" if unit.halted else "ok"
+    lines = [f"● {unit.unit}: {mark}"]
+    if unit.systemd is not None:
+        s = unit.systemd
+        lines.append(
+            f"    systemd:   {s['active_state']} ({s['sub_state']}), "
+            f"{s['n_restarts']} automatic restarts, invocation {s['invocation_id'] or '-'}"
+        )
+    else:
+        lines.append(f"    systemd:   unknown ({unit.systemd_error})")
+    if unit.halted:
+        h = unit.halted
+        lines += [
+            f"    halted:    since {h.get('time')} by invocation {h.get('invocation_id') or '-'}",
+            f"    signature: {h.get('signature') or 'unknown'} ({h.get('severity')})",
+            f"    cause:     {h.get('root_cause') or '-'}",
+        ]
+        if h.get("remediation"):
+            lines.append(f"    fix:       {h['remediation']}")
+        lines.append(f"    release:   vllm-supervisor release {unit.unit}   (record: {h['path']})")
+    for item in unit.last:
+        lines.append(
+            f"    last:      {item['time']}  {item['severity']!s:9} "
+            f"{item['signature'] or '-'}  → {item['action']} ({item['rule']}, {item['taken']})"
+        )
+    if unit.drift:
+        lines.append(f"    changed:   {'; '.join(unit.drift)}")
+    return lines
+
+
+def _render_daemon(daemon: DaemonStatus) -> list[str]:
+    if not daemon.running:
+        state = "unknown" if daemon.running is None else "NOT RUNNING"
+        return [f"● vllm-supervisor: {state} ({daemon.error})"]
+    health = {True: "healthy", False: "UNHEALTHY", None: "health unknown"}[daemon.healthy]
+    lines = [f"● vllm-supervisor: running (pid {daemon.pid or '?'}), {health}"]
+    details = daemon.health
+    if details:
+        lines.append(
+            f"    journal:   following={details.get('following')}, "
+            f"lag {details.get('journal_lag_s', '?')} s; outbox {details.get('outbox_depth', 0)} "
+            f"waiting; {details.get('pending_commits', 0)} uncommitted"
+        )
+    reasons = details.get("reasons")
+    for reason in reasons if isinstance(reasons, list) else []:
+        lines.append(f"    problem:   {reason}")
+    if daemon.error:
+        lines.append(f"    note:      {daemon.error}")
+    return lines
+
+
+def status_main(
+    config: Config,
+    units: Sequence[str],
+    *,
+    output_format: str = "text",
+    out: TextIO,
+    unit_states: UnitStates | None = None,
+    health: Health | None = None,
+) -> int:
+    """Print the status; the exit code says halted (1), daemon down (3) or healthy (0)."""
+    status = gather(config, units, unit_states=unit_states, health=health)
+    if output_format == "json":
+        out.write(json.dumps(status.to_json(), indent=2) + "\n")
+    else:
+        out.write(render_text(status))
+    return status.exit_code
