@@ -225,6 +225,7 @@ class Daemon:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
         outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
+        _say_backlog(outcomes)
         self._notices(self.pipeline.tracker.take_notices())
         if outcomes and self.notifier is not None:
             self.notifier.wake()
@@ -415,6 +416,13 @@ class Daemon:
             detail=outcome.taken_detail,
             dry_run=decision.dry_run,
         )
+        if outcome.invocation.ending is Ending.SKIPPED and outcome.taken is not Taken.RECORDED:
+            log.info(
+                "start_refused",
+                unit=outcome.invocation.unit,
+                invocation_id=outcome.invocation.invocation_id,
+                action="the gate skipped the start: the unit is quarantined",
+            )
         self._report_status()
         return outcome
 
@@ -587,6 +595,21 @@ class Daemon:
                 f"following {units}; {self.state.outcomes} invocations classified, "
                 f"{self.state.halts} halts; last: {self.state.last_verdict}"
             )
+
+
+def _say_backlog(outcomes: list[Outcome]) -> None:
+    """One line per unit for the crashes of a batch that were read late (recorded, not acted on)."""
+    late: dict[str, int] = {}
+    for outcome in outcomes:
+        if outcome.taken is Taken.RECORDED and outcome.invocation.unit is not None:
+            late[outcome.invocation.unit] = late.get(outcome.invocation.unit, 0) + 1
+    for unit, count in sorted(late.items()):
+        log.info(
+            "backlog_recorded",
+            unit=unit,
+            count=count,
+            action="recorded in history, not acted on: they ended before the supervisor read them",
+        )
 
 
 def _name_of(part: object) -> str:

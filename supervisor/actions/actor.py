@@ -119,16 +119,32 @@ class Actor:
         self, unit: str, outcome: Outcome, judgement: Judgement, result: HaltResult
     ) -> Outcome:
         detail = f"{result.detail} ({judgement.reason})"
+        verdict, inv = outcome.verdict, outcome.invocation
+        said = {
+            "unit": unit,
+            "invocation_id": inv.invocation_id,
+            "signature": verdict.signature,
+            "severity": verdict.severity.value,
+            "root_cause": verdict.root_cause,
+            "rule": outcome.decision.rule.value,
+            "detail": detail,
+            "release": f"vllm-supervisor release {unit}",
+        }
         if result.complete:
             self._metrics.halt(unit, outcome.decision.rule, result.latency_s)
+            log.warning("unit_halted", action="halt", taken=Taken.HALTED.value, **said)
             return _taken(outcome, Taken.HALTED, detail)
         reason = result.failure_reason
         if reason is not None:
             self._metrics.halt_failed(unit, reason)
         if result.quarantined is not None:
             self._metrics.units_halted(unit, True)
+            if reason is None:  # systemd control is off: the quarantine is the whole halt
+                log.warning("unit_halted", action="halt", taken=Taken.QUARANTINED.value, **said)
+            else:
+                log.error("halt_failed", taken=Taken.QUARANTINED.value, **said)
             return _taken(outcome, Taken.QUARANTINED, detail)
-        log.error("halt_failed", unit=unit, detail=detail)
+        log.error("halt_failed", taken=Taken.HALT_FAILED.value, **said)
         return _taken(outcome, Taken.HALT_FAILED, detail)
 
     async def _allow_restart(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:

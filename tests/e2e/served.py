@@ -104,10 +104,24 @@ def container(tmp_path: Path) -> Iterator[Container]:
             "/etc/polkit-1/rules.d/50-vllm-supervisor.rules",
         ),
         (DEPLOY / "sysusers.d/vllm-supervisor.conf", "/etc/sysusers.d/vllm-supervisor.conf"),
+        (DEPLOY / "catalog", "/opt/vsup/catalog"),
     ]
     assert sys.prefix == sys.base_prefix, "run the e2e tests with a non-venv Python"
     with booted_container(binds, workdir=tmp_path) as booted:
         yield booted
+
+
+def install_catalog(box: Container) -> None:
+    """Install the shipped catalog as `setup` does on a host: journalctl reads catalogs from
+    /usr/{local/,}lib/systemd/catalog only, and the container's /usr is the host's, read-only,
+    so the database is built under a root of its own and put where `journalctl -x` reads it."""
+    script = (
+        "set -e; r=/run/catalog-root; d=$r/usr/local/lib/systemd/catalog; mkdir -p $d"
+        " /var/lib/systemd/catalog; cp /usr/lib/systemd/catalog/*.catalog"
+        " /opt/vsup/catalog/*.catalog $d/; journalctl --root=$r --update-catalog;"
+        " cp $r/var/lib/systemd/catalog/database /var/lib/systemd/catalog/database"
+    )
+    box.run("sh", "-c", script)
 
 
 def install_served_unit(box: Container, log: str, restart_sec: str) -> None:
@@ -165,10 +179,23 @@ def following(box: Container) -> bool:
 
     The shipped unit's hardening must let the native libsystemd reader run: it is the default.
     """
-    lines = box.journal("-u", "vllm-supervisor.service")
-    events = [str(e.get("MESSAGE")) for e in lines if "following_journal" in str(e.get("MESSAGE"))]
-    assert all('"reader": "native"' in event for event in events), events
+    events = supervisor_events(box, "following_journal")
+    assert all(event.get("reader") == "native" for event in events), events
     return bool(events)
+
+
+def supervisor_events(box: Container, name: str) -> list[dict[str, Any]]:
+    """The supervisor's own log events of one kind. Under systemd they are native journal
+    entries (EVENT, with the whole event in EVENT_JSON); a JSON line on stderr is read too."""
+    found = []
+    for entry in box.journal("-u", "vllm-supervisor.service"):
+        if entry.get("EVENT") == name and "EVENT_JSON" in entry:
+            found.append(json.loads(entry["EVENT_JSON"]))
+            continue
+        text = str(entry.get("MESSAGE"))
+        if text.startswith("{") and f'"event": "{name}"' in text:
+            found.append(json.loads(text))
+    return found
 
 
 def history(box: Container) -> list[dict[str, Any]]:

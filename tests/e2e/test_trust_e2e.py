@@ -9,9 +9,7 @@ test failed on the code before the trust work (its docstring says how).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from nspawn import Container, wait_for
@@ -26,6 +24,7 @@ from served import (
     quarantined,
     settled,
     start_supervisor,
+    supervisor_events,
     unit_lines,
 )
 from slack_server import SlackServer
@@ -70,16 +69,6 @@ def serving_now(box: Container) -> str | None:
         e.get("_SYSTEMD_INVOCATION_ID") for e in unit_lines(box) if SERVING in str(e.get("MESSAGE"))
     }
     return now["InvocationID"] if now["InvocationID"] in serving else None
-
-
-def supervisor_events(box: Container, name: str) -> list[dict[str, Any]]:
-    """The supervisor's own log events of one kind (its JSON lines in the journal)."""
-    found = []
-    for entry in box.journal("-u", "vllm-supervisor.service"):
-        text = str(entry.get("MESSAGE"))
-        if text.startswith("{") and f'"event": "{name}"' in text:
-            found.append(json.loads(text))
-    return found
 
 
 def stop_supervisor(box: Container) -> None:
