@@ -337,4 +337,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """`demo`: write the seed crash loop into a real journal and run the daemon on it."""
     from .commands.demo import run_demo
 
+    # The demo prints its own sections; between them only the daemon's warnings (a halt, a
+    # hung engine), as readable lines, not JSON.
+    configure_logging(level=os.environ.get("VLLM_SUPERVISOR_LOG_LEVEL", "warning"), json=False)
     return run_demo(directory=args.directory, keep=args.keep)

@@ -302,6 +302,8 @@ class Outcome:
     drift: tuple[str, ...] = ()
     taken: Taken = Taken.OBSERVED  # what the supervisor did (set by supervisor.actions)
     taken_detail: str = ""  # one sentence on it: what was done, or why nothing was
+    # The invocation whose halt still stood when this one crashed: the same story, told once.
+    already_halted_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """One element of the `invocations` list of the triage/history JSON contract."""
@@ -327,6 +329,7 @@ class Outcome:
             "taken": self.taken.value,
             "taken_detail": self.taken_detail,
             "drift": list(self.drift),
+            "already_halted_by": self.already_halted_by,
         }
 
 

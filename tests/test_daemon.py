@@ -244,3 +244,58 @@ async def test_closing_is_bounded_as_a_whole() -> None:
     assert loop.time() - started < 2
     assert closed == ["server"]
     assert [e["count"] for e in logs if e["event"] == "close_timed_out"] == [1]
+
+
+async def test_a_fatal_loop_is_one_story_one_halt_one_message(tmp_path: Path) -> None:
+    """Three crashes of one fatal loop (the gate bypassed, as the demo's journal is written at
+    once): one halt, one Slack message saying how many crashes it took and how to see the log;
+    the later crashes join the standing record and are not told again."""
+    config = _config(tmp_path)
+    server = SlackServer()
+    server.start()
+    store = Store.in_directory(config.state.state_dir)
+    metrics = Metrics(new_registry(process=False))
+    slack = SlackConfig(min_interval_s=0.01)
+    outbox = Outbox(store, SlackWebhook(Secret(server.url), timeout_s=5), metrics, slack, host="h")
+    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
+    daemon = Daemon(
+        config,
+        load_table(config),
+        store=store,
+        metrics=metrics,
+        actor=Actor(halter, None, metrics),
+        notifier=outbox,
+    )
+    ids = [uuid.uuid4().hex for _ in range(3)]
+    stop = asyncio.Event()
+    try:
+        with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+            for restarts, inv in enumerate(ids):
+                writer.write(
+                    crashed_invocation(
+                        DEMO_UNIT, seed_lines(), restarts=restarts, invocation_id=inv
+                    )
+                )
+            task = asyncio.create_task(daemon.run(stop))
+            await poll(
+                lambda: len(store.history()) == 3 and all(h["notified"] for h in store.history()),
+                within=30,
+                each=writer.nudge,
+            )
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    finally:
+        server.stop()
+    history = store.history()
+    assert [h["already_halted_by"] for h in history] == [None, ids[0], ids[0]]
+    record = Quarantine(quarantine_dir(config)).read(DEMO_UNIT)
+    assert record is not None
+    assert (record["invocation_id"], record["crashes"], record["last_invocation_id"]) == (
+        ids[0],
+        3,
+        ids[2],
+    )
+    (message,) = [r.json()["text"] for r in server.requests]
+    assert "after 1 crash in a row" in message
+    assert f"Log: journalctl -u {DEMO_UNIT} _SYSTEMD_INVOCATION_ID={ids[0]}" in message
+    store.close()

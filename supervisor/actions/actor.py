@@ -130,6 +130,13 @@ class Actor:
             "detail": detail,
             "release": f"vllm-supervisor release {unit}",
         }
+        if result.repeat_of is not None:
+            # Told already: this crash joins the story of the halt that stands.
+            outcome = dataclasses.replace(outcome, already_halted_by=result.repeat_of)
+            if result.quarantined is not None and result.failure_reason is None:
+                log.info("crash_while_halted", halted_by=result.repeat_of, **said)
+                taken = Taken.HALTED if result.complete else Taken.QUARANTINED
+                return _taken(outcome, taken, f"already halted by {result.repeat_of}: {detail}")
         if result.complete:
             self._metrics.halt(unit, outcome.decision.rule, result.latency_s)
             log.warning("unit_halted", action="halt", taken=Taken.HALTED.value, **said)

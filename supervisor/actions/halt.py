@@ -41,6 +41,8 @@ class HaltResult:
     stop_job: str | None = None  # the D-Bus job path of StopUnit, when one was issued
     quarantine_error: str | None = None  # why the record could not be written
     detail: str = ""  # one human sentence: what was done
+    # The invocation of the halt that already stood (its record is kept, its count raised).
+    repeat_of: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -93,9 +95,11 @@ class Halter:
         The record first: it makes the unit's gate refuse any start that races the stop.
         """
         start = self._clock()
-        path, q_error = self._write_record(unit, outcome)
+        standing = self._standing(unit, outcome)
+        path, q_error = self._write_record(unit, quarantine_record(outcome, standing))
         stopped, job, error = await self._stop(unit) if stop else (True, None, None)
         return HaltResult(
+            repeat_of=None if standing is None else standing.get("invocation_id"),
             stopped=stopped,
             quarantined=path,
             error=error,
@@ -123,9 +127,20 @@ class Halter:
         client = self._systemd
         return await self._retry("restart", unit, lambda: client.restart_unit(unit))
 
-    def _write_record(self, unit: str, outcome: Outcome) -> tuple[Path | None, str | None]:
+    def _standing(self, unit: str, outcome: Outcome) -> dict[str, Any] | None:
+        """The record of an earlier invocation's halt, still in force: the loop it began is
+        the same story (the unit was started again despite it, by hand or without the gate)."""
         try:
-            return self._quarantine.write(unit, quarantine_record(outcome)), None
+            record = self._quarantine.read(unit)
+        except OSError:
+            return None
+        if record is None or record.get("invocation_id") == outcome.invocation.invocation_id:
+            return None
+        return record
+
+    def _write_record(self, unit: str, record: dict[str, Any]) -> tuple[Path | None, str | None]:
+        try:
+            return self._quarantine.write(unit, record), None
         except OSError as exc:
             # Stopping is still worth doing: it cancels the pending restart on its own.
             _log.error("quarantine_write_failed", unit=unit, error=str(exc))
@@ -186,11 +201,24 @@ class Halter:
         ) from last
 
 
-def quarantine_record(outcome: Outcome) -> dict[str, Any]:
-    """The JSON record kept while a unit is quarantined: why, when, and which invocation."""
+def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON record kept while a unit is quarantined: why, when, and which invocation.
+
+    With a `standing` record (an earlier halt still in force) that record is kept, since when
+    and by which invocation, and only its crash count and latest crash move on."""
+    now = datetime.now(UTC).isoformat(timespec="seconds")
+    if standing is not None:
+        count = standing.get("crashes")
+        return {
+            **standing,
+            "crashes": (count if isinstance(count, int) else 1) + 1,
+            "last_invocation_id": outcome.invocation.invocation_id,
+            "last_time": now,
+        }
     verdict, inv = outcome.verdict, outcome.invocation
     return {
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "time": now,
+        "crashes": 1,
         "invocation_id": inv.invocation_id,
         "signature": verdict.signature,
         "severity": verdict.severity.value,

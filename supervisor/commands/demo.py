@@ -339,6 +339,9 @@ def _show_results(config: Config, endpoint: DemoEndpoint, python: Path) -> None:
             f"  {item['unit']} {item['invocation_id']}: {verdict['severity']} "
             f"{verdict['signature']} -> {decision['action']}{hung}"
         )
+        if item.get("already_halted_by"):
+            print(f"    the same loop: already halted by {item['already_halted_by']}")
+            continue
         print(f"    root cause:  {verdict['root_cause']}")
         print(f"    remediation: {verdict['remediation']}")
         drift = item.get("drift")

@@ -70,6 +70,7 @@ class NotifyReason(StrEnum):
     ALONE = "alone"  # its own message, at once: fatal, unknown, acted on
     GROUPED = "grouped"  # folded with the transient crashes of its unit and signature
     BACKLOG = "backlog"  # read late: folded into the unit's summary of its backlog
+    FOLDED = "folded"  # a crash while the unit's halt stood: that halt's message told it
 
     @property
     def tells(self) -> bool:
@@ -83,6 +84,8 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
         return NotifyReason.OFF
     if not is_notable(outcome):
         return NotifyReason.NOT_NEWS
+    if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
+        return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
     key = group_key(outcome)
     if key is None:
         return NotifyReason.ALONE

@@ -163,7 +163,7 @@ def _blocks(
         blocks.append(_section("Grouped", escape(_group_line(group))))
     if verdict.notes:
         blocks.append(_section("Notes", escape("; ".join(verdict.notes))))
-    blocks.append(_section("Action", _action_line(action, unit)))
+    blocks.append(_section("Action", _action_line(action, unit) + escape(_loop_length(outcome))))
     blocks.append(_section("Full log", _code(_log_command(outcome))))
     said = f"Decision: {outcome.decision.reason}"
     if outcome.taken_detail:
@@ -173,13 +173,22 @@ def _blocks(
     return blocks
 
 
+def _loop_length(outcome: Outcome) -> str:
+    """How long the loop ran before the halt: systemd's restart counter of the crash, + 1."""
+    restarts = outcome.invocation.restarts
+    if outcome.taken not in (Taken.HALTED, Taken.QUARANTINED) or restarts is None:
+        return ""
+    crashes = restarts + 1
+    return f" (after {crashes} crash{'es' if crashes != 1 else ''} in a row)"
+
+
 def _log_command(outcome: Outcome) -> str:
     """The command that shows the invocation's whole log."""
     inv = outcome.invocation
+    unit = inv.unit or "UNIT"
     if inv.invocation_id:
-        ident = inv.invocation_id
-        return f"journalctl _SYSTEMD_INVOCATION_ID={ident} + INVOCATION_ID={ident}"
-    return f"journalctl -u {inv.unit or 'UNIT'}"
+        return f"journalctl -u {unit} _SYSTEMD_INVOCATION_ID={inv.invocation_id}"
+    return f"journalctl -u {unit}"
 
 
 def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -> str:
@@ -200,9 +209,10 @@ def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -
         lines.append(f"Changed since the last good start: {'; '.join(outcome.drift)}")
     if group is not None and group.count > 1:
         lines.append(_group_line(group))
-    lines.append(f"Action: {action.value}")
+    lines.append(f"Action: {action.value}{_loop_length(outcome)}")
     if action in (Taken.HALTED, Taken.QUARANTINED):
         lines.append(f"Release: vllm-supervisor release {unit}")
+    lines.append(f"Log: {_log_command(outcome)}")
     return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
 
 

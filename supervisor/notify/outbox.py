@@ -48,7 +48,7 @@ import structlog
 from ..config import SlackConfig
 from ..errors import NotifyError, StateError
 from ..model import Outcome
-from ..store import Store, Writer
+from ..store import Store, Writer, mark_notified
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
 from ..util.retry import Backoff
@@ -128,6 +128,15 @@ class Outbox:
         reason = self._telling(outcome)
         if reason is NotifyReason.MUTED:
             self._metrics.notification("dropped")
+        if reason is NotifyReason.FOLDED:
+            self._metrics.notification("folded")
+            inv = outcome.invocation
+
+            def folded(db: sqlite3.Connection) -> None:
+                # Told by the message of the halt that stands: the story's one message.
+                mark_notified(db, [(inv.unit, inv.invocation_id)])
+
+            return folded
         if not reason.tells:
             return _noop
 

@@ -157,8 +157,9 @@ def following_check(metrics: Metrics) -> HealthCheck:
 
     def check() -> tuple[bool, dict[str, Any]]:
         ok = metrics.is_following
-        lag = None if metrics.lag_s is None else round(metrics.lag_s, 3)
-        reasons = [] if ok else ["not following the journal"]
-        return ok, {"following": ok, "journal_lag_s": lag, "reasons": reasons}
+        details: dict[str, Any] = {"following": ok}
+        if metrics.lag_s is not None:  # once an entry was read
+            details["journal_lag_s"] = round(metrics.lag_s, 3)
+        return ok, {**details, "reasons": [] if ok else ["not following the journal"]}
 
     return check

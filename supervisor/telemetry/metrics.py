@@ -38,7 +38,7 @@ PREFIX = "vllm_supervisor_"
 UNKNOWN = "unknown"
 OTHER = "other"
 
-NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped")
+NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped", "folded")
 """Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
 
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
