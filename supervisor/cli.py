@@ -119,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_argument("--format", choices=("text", "json"), default="text")
     preflight.set_defaults(handler=cmd_preflight)
 
+    setup = sub.add_parser("setup", help="install the supervisor under systemd from its config")
+    setup.add_argument("--config", type=Path, help=f"default {INSTALLED_CONFIG}")
+    setup.add_argument("--program", help="the vllm-supervisor the units run (default: on PATH)")
+    setup.add_argument("--print", action="store_true", help="show the files, change nothing")
+    setup.add_argument("--uninstall", action="store_true", help="remove what setup installed")
+    setup.add_argument("--purge", action="store_true", help="with --uninstall: state and user too")
+    setup.add_argument("--no-start", action="store_true", help="install, do not start the daemon")
+    setup.set_defaults(handler=cmd_setup)
+
     demo = sub.add_parser("demo", help="replay the bundled crash loop into a real journal")
     demo.add_argument("--directory", type=Path, help="where to write the demo journal")
     demo.add_argument("--keep", action="store_true", help="keep the demo files")
@@ -230,6 +239,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     table = load_table(config)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(f"config ok: units: {units}; {len(table.signatures)} signatures")
+    from .commands.setup import missing_drop_ins
+
+    for unit in missing_drop_ins(config):
+        print(
+            f"warning: {unit} has no gate drop-in ({unit}.d/10-vllm-supervisor.conf): a halt "
+            "stops it but nothing refuses its next start; run `vllm-supervisor setup`",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -330,6 +347,22 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         state_dir=config.state.state_dir,
         output_format=args.format,
         table=table,
+    )
+
+
+def cmd_setup(args: argparse.Namespace) -> int:
+    """`setup`: the supervisor's unit, user, drop-ins, polkit rule and catalog, from the config."""
+    from .commands import setup
+
+    path = (args.config or INSTALLED_CONFIG).absolute()
+    config = load_config(path) if path.is_file() or not args.uninstall else load_config(None)
+    program = args.program or setup.default_program()
+    if args.print:
+        return setup.print_files(config, config_path=path, program=program, out=sys.stdout)
+    if args.uninstall:
+        return setup.uninstall(config, purge=args.purge, out=sys.stdout)
+    return setup.install(
+        config, config_path=path, program=program, start=not args.no_start, out=sys.stdout
     )
 
 

@@ -33,10 +33,13 @@ def copy_of_repo(dest: Path) -> Path:
     """The tracked files only (a build writes into its source tree)."""
     files = run("git", "-C", REPO, "ls-files", "-z").split("\0")
     for name in filter(None, files):
-        source = REPO / name
-        if source.is_file() and not name.startswith("tests/"):
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+        source, target = REPO / name, dest / name
+        if name.startswith("tests/"):
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # supervisor/data/signatures and deploy link into the repo
+            target.symlink_to(source.readlink())
+        elif source.is_file():
             target.write_bytes(source.read_bytes())
     return dest
 
@@ -111,3 +114,25 @@ def test_the_package_imports_itself_relatively() -> None:
                 names = [node.module]
             absolute += [f"{path}: {n}" for n in names if n.split(".")[0] == "supervisor"]
     assert absolute == []
+
+
+def test_the_deploy_files_setup_installs_are_in_the_package(venv: Path) -> None:
+    """`setup` runs from a pip install: its templates ship inside the package."""
+    code = (
+        "from vllm_supervisor.commands import setup; from pathlib import Path;"
+        "print(sorted(str(p.relative_to(setup.DEPLOY)) for p in setup.DEPLOY.rglob('*.*')))"
+    )
+    listed = run(venv / "bin" / "python", "-I", "-c", code)
+    count = (
+        "from vllm_supervisor.classify.signatures import load_signature_table as load;"
+        "print(len(load().signatures))"
+    )
+    assert int(run(venv / "bin" / "python", "-I", "-c", count)) > 100  # the shipped table too
+    for name in (
+        "systemd/vllm-supervisor.service",
+        "systemd/vllm.service.d/10-vllm-supervisor.conf",
+        "polkit/50-vllm-supervisor.rules",
+        "sysusers.d/vllm-supervisor.conf",
+        "catalog/vllm-supervisor.catalog",
+    ):
+        assert name in listed

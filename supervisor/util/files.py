@@ -46,3 +46,18 @@ def private_file(path: Path, mode: int = FILE_MODE) -> None:
         return
     os.fchmod(fd, mode)  # O_CREAT applies the umask; fchmod does not
     os.close(fd)
+
+
+def atomic_write(path: Path, text: str, *, mode: int, dir_mode: int = 0o755) -> None:
+    """Replace `path` with `text` in one rename (a reader sees the old file or the new one,
+    never half), `mode` exactly, fsynced; missing parents get `dir_mode`."""
+    make_dirs(path.parent, dir_mode)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(temporary, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    temporary.replace(path)

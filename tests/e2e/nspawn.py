@@ -179,8 +179,10 @@ def booted_container(
     *,
     workdir: Path,
     kernel_args: Sequence[str] = (),
+    writable: Sequence[tuple[str | Path, str]] = (),
 ) -> Iterator[Container]:
-    """Boot a container with read-only `binds` (host path, container path); tear it down after."""
+    """Boot a container with read-only `binds` (host path, container path) and `writable`
+    ones; tear it down after."""
     reason = preflight()
     if reason is not None:
         raise NspawnError(f"cannot run systemd-nspawn here: {reason}")
@@ -189,7 +191,7 @@ def booted_container(
     console = workdir / "console.log"
     proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = _spawn(cgroups, binds, kernel_args, console)
+        proc = _spawn(cgroups, binds, kernel_args, console, writable)
         container = _await_boot(proc, console)
         yield container
     finally:
@@ -203,11 +205,13 @@ def _spawn(
     binds: Sequence[tuple[str | Path, str]],
     kernel_args: Sequence[str],
     console: Path,
+    writable: Sequence[tuple[str | Path, str]] = (),
 ) -> subprocess.Popen[bytes]:
     nspawn = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit", "-D", "/",
         "--volatile=yes", "--console=pipe",
         *(f"--bind-ro={host}:{inside}" for host, inside in binds),
+        *(f"--bind={host}:{inside}" for host, inside in writable),
         "-b", "systemd.firstboot=off", "systemd.unit=multi-user.target", *kernel_args,
     ]  # fmt: skip
     with console.open("wb") as log:

@@ -1,0 +1,123 @@
+"""`vllm-supervisor setup` on a bare systemd 252 (in systemd-nspawn): one command from a pip
+install to a supervised, halted crash loop, and `setup --uninstall --purge` leaves nothing.
+
+The container has none of the deploy files: the package is pip-installed into a venv inside
+it, the config names the served unit, and setup writes the supervisor's unit, its user, the
+served unit's gate drop-in, the polkit rule (generated from the config's unit names) and the
+catalog. Before, installing took ~15 hand-typed commands and a hand-edited polkit rule.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nspawn import Container, booted_container, wait_for
+from served import DATA, REPO, SEED_LOG, UNIT, invocations_that_ran, quarantined, settled
+
+pytestmark = pytest.mark.nspawn
+
+SHIM = """#!/bin/sh
+# The venv's command; LD_LIBRARY_PATH only because the test's Python is relocated under /opt.
+export LD_LIBRARY_PATH=/opt/vsup/python/lib PYTHONDONTWRITEBYTECODE=1
+exec /opt/venv/bin/vllm-supervisor "$@"
+"""
+CONFIG = f"""[[unit]]
+name = "{UNIT}"
+
+[metrics]
+listen = "127.0.0.1:9464"
+"""
+SERVED = f"""[Unit]
+StartLimitIntervalSec=0
+[Service]
+ExecStart=/usr/bin/python3 /opt/vsup/e2e/fake-server.py --log {SEED_LOG}
+Restart=always
+RestartSec=100ms
+"""
+INSTALLED = (
+    "/etc/systemd/system/vllm-supervisor.service",
+    "/etc/sysusers.d/vllm-supervisor.conf",
+    "/etc/polkit-1/rules.d/50-vllm-supervisor.rules",
+    f"/etc/systemd/system/{UNIT}.d/10-vllm-supervisor.conf",
+    "/usr/local/lib/systemd/catalog/vllm-supervisor.catalog",
+)
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "supervisor", "config", "deploy")
+
+
+@pytest.fixture
+def bare(tmp_path: Path) -> Iterator[Container]:
+    """A booted container with the test's Python and the repository, nothing installed."""
+    bindir, local_lib = tmp_path / "bin", tmp_path / "local-lib"
+    bindir.mkdir()
+    local_lib.mkdir()
+    (bindir / "vllm-supervisor").write_text(SHIM)
+    (bindir / "vllm-supervisor").chmod(0o755)
+    binds = [
+        (sys.base_prefix, "/opt/vsup/python"),
+        (REPO, "/opt/vsup/src"),
+        (DATA, "/opt/vsup/e2e"),
+        (bindir, "/usr/local/bin"),
+    ]
+    with booted_container(
+        binds, workdir=tmp_path, writable=[(local_lib, "/usr/local/lib")]
+    ) as booted:
+        yield booted
+
+
+def pip_install(box: Container) -> None:
+    """The package from a copy of the checkout into /opt/venv, as an operator would."""
+    copy = " ".join(f"/opt/vsup/src/{name}" for name in SOURCES)
+    python = "LD_LIBRARY_PATH=/opt/vsup/python/lib /opt/vsup/python/bin/python3"
+    script = (
+        f"set -e; mkdir -p /tmp/src; cp -r {copy} /tmp/src/;"
+        f" {python} -m venv --system-site-packages /opt/venv;"
+        " LD_LIBRARY_PATH=/opt/vsup/python/lib /opt/venv/bin/pip install -q"
+        " --disable-pip-version-check --no-deps --no-build-isolation /tmp/src"
+    )
+    box.run("sh", "-c", script, timeout=300)
+
+
+def exists(box: Container, path: str) -> bool:
+    return box.run("test", "-e", path, check=False).returncode == 0
+
+
+def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) -> None:
+    """setup (twice: idempotent) → the fatal crash halted at the first run → uninstall."""
+    pip_install(bare)
+    bare.write_file("/etc/vllm-supervisor/supervisor.toml", CONFIG)
+    bare.write_file(f"/etc/systemd/system/{UNIT}", SERVED)
+    # /etc started empty (--volatile): journald made its files before sysusers made the
+    # systemd-journal group; a real host has the group from the start (see served.py).
+    bare.run(
+        "sh", "-c", "chgrp -R systemd-journal /run/log/journal; chmod -R g+rX /run/log/journal"
+    )
+    bare.systemctl("restart", "systemd-journald")
+    first = bare.run("vllm-supervisor", "setup", timeout=120).stdout
+    assert all(path in first for path in INSTALLED), first
+    again = bare.run("vllm-supervisor", "setup", timeout=120).stdout
+    assert "0 file(s) changed" in again and "wrote" not in again
+    rule = bare.run("cat", "/etc/polkit-1/rules.d/50-vllm-supervisor.rules").stdout
+    assert f'var SUPERVISED_UNITS = ["{UNIT}"]' in rule
+    wait_for(
+        lambda: bare.show("vllm-supervisor.service", "ActiveState")["ActiveState"] == "active",
+        timeout=30,
+        what="the supervisor to run",
+    )
+    check = bare.run("vllm-supervisor", "check-config", "/etc/vllm-supervisor/supervisor.toml")
+    assert "no gate drop-in" not in check.stderr
+    bare.systemctl("start", "--no-block", UNIT)
+    wait_for(lambda: (quarantined(bare) and settled(bare)) or None, timeout=60,
+             what="the served unit halted")  # fmt: skip
+    assert len(invocations_that_ran(bare)) == 1
+    assert bare.run("vllm-supervisor", "status", check=False).returncode == 1
+
+    gone = bare.run("vllm-supervisor", "setup", "--uninstall", "--purge", timeout=120).stdout
+    assert "uninstalled" in gone
+    assert [p for p in INSTALLED if exists(bare, p)] == []
+    assert not exists(bare, "/var/lib/vllm-supervisor") and not exists(bare, "/run/vllm-supervisor")
+    assert bare.run("getent", "passwd", "vllm-supervisor", check=False).returncode != 0
+    load = bare.show("vllm-supervisor.service", "LoadState")["LoadState"]
+    assert load == "not-found"
