@@ -131,6 +131,19 @@ class SlackConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AlertmanagerConfig:
+    """Prometheus Alertmanager as a sink, beside or instead of Slack; off without a URL.
+
+    A halted unit is a firing alert (labels unit, host, signature, severity), re-sent while it
+    stays halted as Prometheus re-sends its own; a release resolves it."""
+
+    url: str | None = None  # e.g. "http://127.0.0.1:9093"; alerts go to {url}/api/v2/alerts
+    resend_s: float = 60.0  # a firing alert is sent again this often; it ends 4 x this after
+    timeout_s: float = 10.0  # one HTTP attempt
+    backoff_max_s: float = 60.0  # longest wait between attempts while Alertmanager is down
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
     """The Prometheus endpoint (/metrics and /healthz)."""
 
@@ -200,6 +213,7 @@ class Config:
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     state: StateConfig = field(default_factory=StateConfig)
     slack: SlackConfig = field(default_factory=SlackConfig)
+    alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -301,6 +315,11 @@ def validate(config: Config) -> Config:
     _positive("state.checkpoint_interval_s", config.state.checkpoint_interval_s)
     _positive("systemd.act_window_s", config.systemd.act_window_s)
     _positive("gate.wait_s", config.gate.wait_s)
+    for key in ("resend_s", "timeout_s", "backoff_max_s"):
+        _positive(f"alertmanager.{key}", getattr(config.alertmanager, key))
+    url = config.alertmanager.url
+    if url is not None and not url.startswith(("http://", "https://")):
+        raise ConfigError(f"alertmanager.url: must be an http(s) URL (got {url!r})")
     _positive("slack.timeout_s", config.slack.timeout_s)
     _positive("slack.max_attempts", config.slack.max_attempts)
     if config.slack.webhook_url is not None and config.slack.webhook_url_file is not None:
@@ -318,7 +337,7 @@ def validate(config: Config) -> Config:
 def parse_listen(value: str, *, key: str = "--metrics-listen") -> tuple[str, int]:
     """Split HOST:PORT (IPv6 hosts in brackets) and check the port."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 <= int(port) < 65536:
         raise ConfigError(f"{key}: expected HOST:PORT such as 127.0.0.1:9464 (got {value!r})")
     return host.strip("[]") or "127.0.0.1", int(port)
 
@@ -421,7 +440,17 @@ def with_units(config: Config, names: Sequence[str]) -> Config:
 
 # Read once at start-up (the reader child, the state database, the listening sockets, the Slack
 # client, the tracker's caps): a change needs a restart of the daemon.
-RESTART_ONLY = ("journal", "tracker", "state", "slack", "metrics", "systemd", "gate", "drift")
+RESTART_ONLY = (
+    "journal",
+    "tracker",
+    "state",
+    "slack",
+    "alertmanager",
+    "metrics",
+    "systemd",
+    "gate",
+    "drift",
+)
 
 
 def restart_only_changes(old: Config, new: Config) -> list[str]:

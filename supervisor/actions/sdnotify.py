@@ -61,7 +61,7 @@ def watchdog_interval(
     for; a child that inherited the environment must not ping.
     """
     usec = environ.get("WATCHDOG_USEC", "")
-    if not usec.isdigit() or int(usec) == 0:
+    if not (usec.isascii() and usec.isdigit()) or int(usec) == 0:
         return None
     watchdog_pid = environ.get("WATCHDOG_PID")
     if watchdog_pid and watchdog_pid != str(os.getpid() if pid is None else pid):

@@ -582,6 +582,6 @@ def port_from_exec_start(argv: Sequence[str]) -> int | None:
         elif word.startswith("--port="):
             value = word.removeprefix("--port=")
         if value is not None:
-            return int(value) if value.isdigit() else None
+            return int(value) if value.isascii() and value.isdigit() else None
     joined = " ".join(argv)
     return next((port for name, port in _DEFAULT_PORTS if name in joined), None)

@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 import httpx
 
-from ..actions.quarantine import Quarantine, quarantine_dirs
+from ..actions.quarantine import quarantine_records
 from ..actions.systemd import SystemdClient
 from ..app import LOCK_NAME
 from ..config import Config, parse_listen
@@ -106,7 +106,7 @@ def gather(
     """Read every source for `units` (the configured ones by default)."""
     names = list(units) or [u.name for u in config.units]
     states = (unit_states or systemd_states)(names) if names else {}
-    halted = _quarantined(config)
+    halted = quarantine_records(config)
     history = _history(config.state.state_dir)
     daemon = daemon_status(config, health or ask_health)
     return Status(
@@ -165,16 +165,6 @@ def _verdict_line(item: dict[str, Any]) -> dict[str, Any]:
         "rule": decision.get("rule"),
         "taken": item.get("taken"),
     }
-
-
-def _quarantined(config: Config) -> dict[str, dict[str, Any]]:
-    """Every quarantine record of this daemon's directories, with the file it is in."""
-    found: dict[str, dict[str, Any]] = {}
-    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
-        records = Quarantine(directory)
-        for unit, record in records.list().items():
-            found.setdefault(unit, {**record, "path": str(records.path(unit))})
-    return found
 
 
 def _history(state_dir: Path) -> list[dict[str, Any]]:
@@ -240,7 +230,7 @@ def _lock_holder(path: Path) -> tuple[bool | None, int | None, str | None]:
         return None, None, f"{path}: {exc.strerror}"
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        pid = int(text) if text.isdigit() else None
+        pid = int(text) if text.isascii() and text.isdigit() else None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -57,7 +57,7 @@ _STARTS_KEPT = 64
 def port_of(captures: dict[str, str], root_cause: str | None, configured: int | None) -> int | None:
     """The port the crash could not bind: the signature's capture, the message, the config."""
     for text in (captures.get("port"), *_in_text(root_cause)):
-        if text is not None and text.isdigit() and 0 < int(text) < 65536:
+        if text is not None and text.isascii() and text.isdigit() and 0 < int(text) < 65536:
             return int(text)
     return configured
 

@@ -124,7 +124,7 @@ def holders(port: int, proc: Path = PROC) -> list[Holder]:
 def _socket_owners(proc: Path, inodes: set[int]) -> Iterator[tuple[int, int]]:
     """(pid, inode) for each process with one of `inodes` open; others' fds are skipped."""
     try:
-        pids = [p for p in proc.iterdir() if p.name.isdigit()]
+        pids = [p for p in proc.iterdir() if p.name.isascii() and p.name.isdigit()]
     except OSError:
         return
     for pid in pids:

@@ -197,7 +197,7 @@ class LineParser:
         max_chars = self.max_chars
         while (newline := find(b"\n", pos)) >= 0:
             row = buf[pos:newline].split(b"\t")
-            if len(row) != _LINE_COLUMNS or not row[-1].isdigit():
+            if len(row) != _LINE_COLUMNS or not (row[-1].isascii() and row[-1].isdigit()):
                 if len(row) == 1:  # a cursor-only record
                     last = row[0]
                     first = first or last
@@ -244,12 +244,12 @@ class LineParser:
             entries.append(
                 _new_entry(
                     cursor.decode("ascii", "replace"),
-                    int(realtime) if realtime.isdigit() else 0,
+                    int(realtime) if realtime.isascii() and realtime.isdigit() else 0,
                     message,
                     unit.decode("utf-8", "replace") if unit else None,
                     invocation.decode("ascii", "replace") if invocation else None,
-                    int(pid) if pid.isdigit() else None,
-                    int(priority) if priority.isdigit() else None,
+                    int(pid) if pid.isascii() and pid.isdigit() else None,
+                    int(priority) if priority.isascii() and priority.isdigit() else None,
                     message_id.decode("ascii", "replace") if message_id else None,
                     pid == b"1",
                     _lifecycle_row(lifecycle) if message_id else EMPTY,
