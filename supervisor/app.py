@@ -16,7 +16,12 @@ import structlog
 from .actions.actor import Actor
 from .actions.gatekeeper import GateServer, socket_path
 from .actions.halt import Halter
-from .actions.quarantine import Quarantine, quarantine_dir, quarantined_units
+from .actions.quarantine import (
+    Quarantine,
+    quarantine_dir,
+    quarantine_records,
+    quarantined_units,
+)
 from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
 from .classify.table import load_table
@@ -27,6 +32,7 @@ from .decide.port_evidence import PortEvidence
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
 from .errors import StateError
+from .notify.alertmanager import AlertmanagerSink
 from .notify.outbox import Outbox
 from .notify.webhook import SlackWebhook
 from .store import Store
@@ -96,6 +102,16 @@ async def _run(
         on_snapshot=metrics.environment_snapshot,
     )
     ports = PortEvidence(config, machine_id=supervised_machine_id(config))
+    sinks: list[AlertmanagerSink] = []
+    if config.alertmanager.url is not None:
+        sinks.append(
+            AlertmanagerSink(
+                config.alertmanager,
+                store,
+                lambda: quarantine_records(config),
+                host=socket.gethostname(),
+            )
+        )
     daemon = Daemon(
         config,
         table,
@@ -106,7 +122,8 @@ async def _run(
         reporter=notifier,
         load_config=reload_config,
         hooks=[hangs, recorder, ports],
-        tasks=[recorder.run, _watchdog(notifier)],
+        tasks=[recorder.run, _watchdog(notifier), *(s.run for s in sinks)],
+        wakers=[s.wake for s in sinks],
         sources=[hangs],
         drift=recorder.changes,
     )

@@ -90,6 +90,7 @@ class Daemon:
         sources: Sequence[OutcomeSource] = (),
         drift: DriftLookup | None = None,
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+        wakers: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.config = config
         self.store = store
@@ -103,6 +104,8 @@ class Daemon:
         self.tasks = tuple(tasks)
         self.sources = tuple(sources)
         self.shutdown_grace_s = shutdown_grace_s
+        # Told when outcomes were recorded or a unit released (the Alertmanager sink).
+        self.wakers = tuple(wakers)
         # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
@@ -227,8 +230,8 @@ class Daemon:
         self._commit(outcomes)
         _say_backlog(outcomes)
         self._notices(self.pipeline.tracker.take_notices())
-        if outcomes and self.notifier is not None:
-            self.notifier.wake()
+        if outcomes:
+            self._wake_sinks()
         if self.pipeline.tracker.next_deadline() is not None:
             self._ending.set()
         self._signal_progress()
@@ -311,10 +314,18 @@ class Daemon:
         await first_of(self._progress.wait(), at_most_s=remaining)
         return True
 
+    def _wake_sinks(self) -> None:
+        if self.notifier is not None:
+            self.notifier.wake()
+        for wake in self.wakers:
+            wake()
+
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
         self.pipeline.policy.forget(unit)
         self.metrics.units_halted(unit, False)
+        for wake in self.wakers:
+            wake()
         log.info("unit_released", unit=unit)
 
     def is_open(self, unit: str, invocation_id: str | None) -> bool:
@@ -347,8 +358,8 @@ class Daemon:
         outcomes = await self._enrich(outcomes)
         outcomes = [await self._act(outcome) for outcome in outcomes]
         self._commit(outcomes)
-        if outcomes and self.notifier is not None:
-            self.notifier.wake()
+        if outcomes:
+            self._wake_sinks()
         return outcomes
 
     async def _enrich(self, outcomes: list[Outcome]) -> list[Outcome]:
@@ -523,8 +534,8 @@ class Daemon:
                 if self.state.commit_error is not None and not stop.is_set():
                     had = bool(self.state.pending)
                     self._commit([])
-                    if had and self.notifier is not None:
-                        self.notifier.wake()
+                    if had:
+                        self._wake_sinks()
 
     async def _announce_ready(self, stop: asyncio.Event) -> None:
         await first_of(self.reader.following.wait(), stop.wait())

@@ -167,9 +167,16 @@ def quarantine_dirs(
     return unique
 
 
+def quarantine_records(config: Config) -> dict[str, dict[str, Any]]:
+    """Every unit's quarantine record, runtime directory first, each with the file it is in."""
+    found: dict[str, dict[str, Any]] = {}
+    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
+        records = Quarantine(directory)
+        for unit, record in records.list().items():
+            found.setdefault(unit, {**record, "path": str(records.path(unit))})
+    return found
+
+
 def quarantined_units(config: Config) -> set[str]:
     """Every unit with a quarantine record, in the runtime or the persistent directory."""
-    units: set[str] = set()
-    for directory in quarantine_dirs(config.state.runtime_dir, config.state.state_dir, ()):
-        units |= set(Quarantine(directory).list())
-    return units
+    return set(quarantine_records(config))

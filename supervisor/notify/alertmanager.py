@@ -1,0 +1,180 @@
+"""Prometheus Alertmanager as a sink: a halted unit is a firing alert until it is released.
+
+Alertmanager shops route every page through one tree (silences, inhibition, PagerDuty and
+Opsgenie receivers); a halt belongs there as an alert, not only as a Slack message. The sink
+is level-triggered, as Prometheus's own notifier is: what should fire is read from the
+quarantine records themselves (the durable truth of what is halted, which the gate reads too),
+and every `resend_s` the firing alerts are posted again with `endsAt` four intervals ahead, so
+an Alertmanager that restarted empty, or was down, has them again at the next round; a unit
+no longer quarantined is posted once more as resolved (`endsAt` now). Which alerts were
+sent firing is kept in the state database, so a release while the daemon was down is still
+resolved after its restart. A failed post is retried by the shared rule (util.retry), capped at
+`backoff_max_s`, and logged once per outage; the URL's credentials, if any, never reach a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import structlog
+
+from ..config import AlertmanagerConfig
+from ..errors import StateError
+from ..store import Store
+from ..util.aio import first_of
+from ..util.retry import Backoff
+
+ALERT_NAME = "VllmSupervisorUnitHalted"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alert_firing (
+    unit TEXT PRIMARY KEY,
+    labels TEXT NOT NULL          -- the JSON labels it was sent with, to resolve it by them
+);
+"""
+_RETRY_BASE_S = 1.0
+
+log = structlog.get_logger(__name__)
+
+Quarantined = Callable[[], Mapping[str, Mapping[str, Any]]]
+
+
+def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
+    """The firing alert of a unit's quarantine record (labels are bounded: no free text)."""
+    labels = {
+        "alertname": ALERT_NAME,
+        "unit": unit,
+        "host": host,
+        "signature": str(record.get("signature") or "unknown"),
+        "severity": str(record.get("severity") or "unknown"),
+    }
+    annotations = {
+        "summary": f"{unit} on {host} is halted: {record.get('title') or 'a fatal crash'}",
+        "root_cause": str(record.get("root_cause") or "no root-cause line found"),
+        "remediation": str(record.get("remediation") or ""),
+        "release": f"vllm-supervisor release {unit}",
+        "invocation_id": str(record.get("invocation_id") or ""),
+        "halted_since": str(record.get("time") or ""),
+    }
+    return {"labels": labels, "annotations": {k: v for k, v in annotations.items() if v}}
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+class AlertmanagerSink:
+    """Keeps Alertmanager's view of halted units in step with the quarantine records."""
+
+    def __init__(
+        self,
+        config: AlertmanagerConfig,
+        store: Store,
+        quarantined: Quarantined,
+        *,
+        host: str,
+        clock: Callable[[], float] = time.time,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if config.url is None:
+            raise ValueError("an Alertmanager sink needs alertmanager.url")
+        self._config = config
+        self._endpoint = config.url.rstrip("/") + "/api/v2/alerts"
+        self._store = store
+        self._quarantined = quarantined
+        self._host = host
+        self._clock = clock
+        self._transport = transport
+        self._wake = asyncio.Event()
+        self._failing: str | None = None  # the error of the current outage, logged once
+        try:
+            store.connection.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StateError(f"{store.path}: cannot create the alert table: {exc}") from exc
+
+    def wake(self) -> None:
+        """Look at the quarantine records now (a halt or a release happened)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Post the firing and resolved alerts every `resend_s`, at once when woken."""
+        retry = Backoff(_RETRY_BASE_S, max(_RETRY_BASE_S, self._config.backoff_max_s))
+        failures = 0
+        async with httpx.AsyncClient(
+            timeout=self._config.timeout_s, trust_env=False, transport=self._transport
+        ) as client:
+            while not stop.is_set():
+                self._wake.clear()
+                ok = await self.reconcile(client)
+                failures = 0 if ok else failures + 1
+                wait = self._config.resend_s if ok else retry.delay(failures)
+                await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
+
+    async def reconcile(self, client: httpx.AsyncClient) -> bool:
+        """One round: post what fires and what stopped firing; True when Alertmanager took it."""
+        now = self._clock()
+        try:
+            firing = {u: alert(u, r, host=self._host) for u, r in self._quarantined().items()}
+            sent = self._sent()
+        except (OSError, StateError) as exc:
+            return self._failed(f"cannot read what is halted: {exc}")
+        ends = _iso(now + 4 * self._config.resend_s)
+        body = [{**a, "startsAt": a["annotations"].get("halted_since") or _iso(now), "endsAt": ends}
+                for a in firing.values()]  # fmt: skip
+        body += [
+            {"labels": labels, "startsAt": _iso(now - 1), "endsAt": _iso(now)}
+            for unit, labels in sent.items()
+            if unit not in firing or firing[unit]["labels"] != labels
+        ]
+        if not body:
+            return True
+        try:
+            response = await client.post(self._endpoint, json=body)
+        except httpx.HTTPError as exc:
+            return self._failed(f"{type(exc).__name__}: {exc}".split(" for url")[0])
+        if not response.is_success:
+            return self._failed(f"HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            self._remember({u: a["labels"] for u, a in firing.items()})
+        except StateError as exc:
+            return self._failed(str(exc))
+        if self._failing is not None:
+            log.info("alertmanager_recovered")
+            self._failing = None
+        return True
+
+    def _failed(self, error: str) -> bool:
+        if error != self._failing:
+            log.warning(
+                "alertmanager_unreachable",
+                error=error,
+                action="retrying; halted units stay halted, alerts follow once it answers",
+            )
+        self._failing = error
+        return False
+
+    def _sent(self) -> dict[str, dict[str, str]]:
+        try:
+            rows = self._store.connection.execute(
+                "SELECT unit, labels FROM alert_firing"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StateError(f"{self._store.path}: cannot read the alert table: {exc}") from exc
+        return {str(unit): json.loads(labels) for unit, labels in rows}
+
+    def _remember(self, firing: Mapping[str, Mapping[str, str]]) -> None:
+        with self._store.transaction() as db:
+            db.execute("DELETE FROM alert_firing")
+            db.executemany(
+                "INSERT INTO alert_firing (unit, labels) VALUES (?, ?)",
+                [
+                    (unit, json.dumps(dict(labels), sort_keys=True))
+                    for unit, labels in firing.items()
+                ],
+            )
