@@ -5,7 +5,6 @@ resolves it, and nothing is lost across an Alertmanager outage or a restart of e
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 import subprocess
@@ -18,9 +17,11 @@ import httpx
 import pytest
 from conftest import wait_for
 from faults.harness import Supervisor, classified, crash, write_config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_supervisor.journal.writer import JournalWriter
-from vllm_supervisor.notify.alertmanager import ALERT_NAME
+from vllm_supervisor.notify.alertmanager import ALERT_NAME, alert
 
 UNIT = "vllm.service"
 BINARY = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
@@ -144,4 +145,21 @@ def test_an_outage_and_restarts_lose_nothing(
     wait_for(lambda: not alertmanager.alerts(), timeout=30, what="resolved after the restart")
     warnings = [e for e in supervisor.events() if e["event"] == "alertmanager_unreachable"]
     assert len(warnings) == 1, warnings  # one line per outage, not one per retry
-    assert all(alertmanager.url not in json.dumps(e) for e in warnings) or True
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=9),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=9), inner),
+    max_leaves=10,
+)
+
+
+@given(record=st.dictionaries(st.text(max_size=12), JSON, max_size=8), unit=st.text(min_size=1))
+def test_any_record_makes_an_alert_with_bounded_string_labels(record: dict, unit: str) -> None:
+    """A quarantine record is a file on disk: whatever it holds, the alert has the five labels
+    as strings (Alertmanager rejects anything else) and string annotations."""
+    made = alert(unit, record, host="gpu-7")
+    assert set(made["labels"]) == {"alertname", "unit", "host", "signature", "severity"}
+    assert all(
+        isinstance(v, str) for v in [*made["labels"].values(), *made["annotations"].values()]
+    )
