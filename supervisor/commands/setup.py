@@ -19,14 +19,17 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
+from ..environment.execstart import interpreter_from_exec_start
+from ..environment.reach import environment_root, hidden_by
 from ..errors import ConfigError, SupervisorError
 from ..util.files import atomic_write
+from .preflight import exec_start_argv
 
 MARKER = "# Written by `vllm-supervisor setup`; `vllm-supervisor setup --uninstall` removes it."
 DEPLOY = Path(__file__).resolve().parent.parent / "data" / "deploy"
@@ -41,6 +44,7 @@ SYSUSERS_FILE = Path("/etc/sysusers.d/vllm-supervisor.conf")
 POLKIT_FILE = Path("/etc/polkit-1/rules.d/50-vllm-supervisor.rules")
 CATALOG_FILE = Path("/usr/local/lib/systemd/catalog/vllm-supervisor.catalog")
 DROP_IN = "10-vllm-supervisor.conf"
+ENVIRONMENTS_DROP_IN = UNIT_DIR / f"{DAEMON_UNIT}.d" / "20-served-environments.conf"
 CREDENTIAL_FILE = Path("/etc/vllm-supervisor/slack-webhook")  # the unit's LoadCredential=
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
@@ -59,8 +63,18 @@ class InstalledFile:
     mode: int = 0o644
 
 
-def planned_files(config: Config, *, config_path: Path, program: str) -> list[InstalledFile]:
-    """Every file setup installs for `config`, with its final text."""
+def planned_files(
+    config: Config,
+    *,
+    config_path: Path,
+    program: str,
+    interpreters: Mapping[str, str] | None = None,
+) -> list[InstalledFile]:
+    """Every file setup installs for `config`, with its final text.
+
+    `interpreters` (unit → the Python its ExecStart= runs) adds to the units' configured
+    `python`; one under /home or /tmp gets its environment bound read-only into the daemon's
+    sandbox, so drift can probe it."""
     if not config.units:
         raise ConfigError(f"{config_path}: no [[unit]] to supervise: list the served units first")
     flag = f" --config {config_path}"
@@ -72,26 +86,46 @@ def planned_files(config: Config, *, config_path: Path, program: str) -> list[In
                 f"{DEFAULT_PROGRAM} run --config {INSTALLED_CONFIG}", f"{program} run{flag}"
             ),
         ),
-        InstalledFile(
-            Path("/etc/sysusers.d/vllm-supervisor.conf"),
-            _template("sysusers.d/vllm-supervisor.conf"),
-        ),
-        InstalledFile(Path("/etc/polkit-1/rules.d/50-vllm-supervisor.rules"), polkit_rule(units)),
-        InstalledFile(
-            Path("/usr/local/lib/systemd/catalog/vllm-supervisor.catalog"),
-            _template("catalog/vllm-supervisor.catalog"),
-        ),
+        InstalledFile(SYSUSERS_FILE, _template("sysusers.d/vllm-supervisor.conf")),
+        InstalledFile(POLKIT_FILE, polkit_rule(units)),
+        InstalledFile(CATALOG_FILE, _template("catalog/vllm-supervisor.catalog")),
     ]
     gate = _template("systemd/vllm.service.d/10-vllm-supervisor.conf").replace(
         f"{DEFAULT_PROGRAM} gate %n", f"{program} gate{flag} %n"
     )
-    for unit in units:
-        files.append(
-            InstalledFile(
-                Path("/etc/systemd/system") / f"{unit}.d" / "10-vllm-supervisor.conf", gate
-            )
-        )
+    files += [InstalledFile(drop_in(unit), gate) for unit in units]
+    pythons = {**(interpreters or {}), **{u.name: u.python for u in config.units if u.python}}
+    visible = served_environments(pythons.values())
+    if visible:
+        files.append(InstalledFile(ENVIRONMENTS_DROP_IN, visible))
     return [InstalledFile(f.path, _marked(f.text), f.mode) for f in files]
+
+
+def served_environments(interpreters: Iterable[str]) -> str | None:
+    """The daemon's drop-in that lets it read the served environments its sandbox hides."""
+    roots = sorted({environment_root(p) for p in interpreters if hidden_by(p) is not None})
+    if not roots:
+        return None
+    lines = [
+        "# The served units' environments, read-only, so environment drift can probe their",
+        "# interpreters (ProtectHome=yes would hide /home, PrivateTmp=yes /tmp).",
+        "[Service]",
+    ]
+    if any(hidden_by(r) == "ProtectHome=" for r in roots):
+        lines.append("ProtectHome=tmpfs")
+    lines += [f"BindReadOnlyPaths={root}" for root in roots]
+    return "\n".join(lines) + "\n"
+
+
+def exec_start_interpreters(units: Iterable[str]) -> dict[str, str]:
+    """The Python each unit's ExecStart= runs, as systemd reports it (units without: left out)."""
+    found = {}
+    for unit in units:
+        argv = exec_start_argv(unit)
+        python = interpreter_from_exec_start(argv) if argv else None
+        if python is not None:
+            found[unit] = str(python)
+    return found
 
 
 def drop_in(unit: str) -> Path:
@@ -174,7 +208,10 @@ def install(
         raise SetupError(
             f"{config_path}: no config: write it first (config/supervisor.toml is a start)"
         )
-    files = planned_files(config, config_path=config_path, program=program)
+    interpreters = exec_start_interpreters(u.name for u in config.units if not u.python)
+    files = planned_files(
+        config, config_path=config_path, program=program, interpreters=interpreters
+    )
     for file in files:
         if file.path.exists() and not _is_ours(file.path):
             raise SetupError(f"{file.path}: exists and was not written by setup: move it away")
@@ -210,17 +247,9 @@ def uninstall(config: Config, *, purge: bool = False, out: TextIO, run: Run = _c
     daemon's state, runtime directory and user)."""
     _need_root()
     run(("systemctl", "disable", "--now", DAEMON_UNIT))
-    candidates = [
-        Path("/etc/systemd/system") / DAEMON_UNIT,
-        Path("/etc/sysusers.d/vllm-supervisor.conf"),
-        Path("/etc/polkit-1/rules.d/50-vllm-supervisor.rules"),
-        Path("/usr/local/lib/systemd/catalog/vllm-supervisor.catalog"),
-        *(
-            Path("/etc/systemd/system") / f"{u.name}.d" / "10-vllm-supervisor.conf"
-            for u in config.units
-        ),
-    ]
-    candidates += sorted(Path("/etc/systemd/system").glob("*.d/10-vllm-supervisor.conf"))
+    candidates = [DAEMON_UNIT_FILE, ENVIRONMENTS_DROP_IN, SYSUSERS_FILE, POLKIT_FILE, CATALOG_FILE]
+    candidates += [drop_in(u.name) for u in config.units]
+    candidates += sorted(UNIT_DIR.glob(f"*.d/{DROP_IN}"))  # units dropped from the config
     for path in dict.fromkeys(candidates):
         if path.exists() and _is_ours(path):
             path.unlink()

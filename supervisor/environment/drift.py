@@ -30,6 +30,7 @@ from ..store import Store
 from .execstart import interpreter_from_exec_start
 from .log import EnvironmentLog
 from .probe import ProbeError
+from .reach import unreachable
 from .serving import is_serving_line
 from .snapshot import EnvSnapshot, snapshot
 
@@ -72,6 +73,7 @@ class DriftRecorder:
         clock: Callable[[], float] = time.time,
         max_start_age_s: float = MAX_START_AGE_S,
         on_snapshot: Callable[[str, str], None] | None = None,
+        reach: Callable[[str], str | None] = unreachable,
     ) -> None:
         self.config = config
         self._on_snapshot = on_snapshot or (lambda unit, outcome: None)
@@ -86,6 +88,8 @@ class DriftRecorder:
         self._recent: OrderedDict[tuple[str, str], _Start] = OrderedDict()
         self._queue: asyncio.Queue[_Start | _Good] = asyncio.Queue()
         self._stopped = False  # the recorder task has ended: nothing queued will be recorded
+        self._said: set[tuple[str, str]] = set()  # (unit, event) already logged at its level
+        self._reach = reach
 
     def reconfigure(self, config: Config) -> None:
         """A reloaded config: its units."""
@@ -185,14 +189,23 @@ class DriftRecorder:
     async def _record(self, start: _Start) -> None:
         try:
             async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
-                python = await self._python(start.unit)
+                python, program = await self._python(start.unit)
                 if python is None:
-                    log.info("drift_no_interpreter", unit=start.unit)
+                    self._say_once(start.unit, "drift_no_interpreter", program, None)
                     self._on_snapshot(start.unit, "no_interpreter")
                     return
-                snap = await asyncio.to_thread(
-                    self._snapshotter, python, self.config.drift.packages
-                )
+                try:
+                    snap = await asyncio.to_thread(
+                        self._snapshotter, python, self.config.drift.packages
+                    )
+                except ProbeError:
+                    blocked = self._reach(str(python))
+                    if blocked is None:
+                        raise
+                    # Hidden by the daemon's sandbox: say it once with the fix, not per start.
+                    self._say_once(start.unit, "drift_blind", str(python), blocked)
+                    self._on_snapshot(start.unit, "failed")
+                    return
             self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
             log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
             self._on_snapshot(start.unit, "recorded")
@@ -202,13 +215,37 @@ class DriftRecorder:
         finally:
             start.recorded.set()
 
-    async def _python(self, unit: str) -> Path | None:
+    async def _python(self, unit: str) -> tuple[Path | None, str | None]:
+        """The unit's interpreter, and the program its ExecStart= runs (for a message)."""
         configured = self.config.unit(unit).python
         if configured is not None:
-            return Path(configured)
+            return Path(configured), configured
         if self._exec_start is None:
-            return None  # no systemd to ask, and no `python` in the unit's config
-        return interpreter_from_exec_start(await self._exec_start(unit))
+            return None, None  # no systemd to ask, and no `python` in the unit's config
+        argv = await self._exec_start(unit)
+        program = next(
+            (a.lstrip("@-:+!|") for a in argv if a.lstrip("@-:+!|").startswith("/")), None
+        )
+        return interpreter_from_exec_start(argv), program
+
+    def _say_once(self, unit: str, event: str, path: str | None, why: str | None) -> None:
+        """Why no environment is recorded for `unit`: a warning the first time, then debug (a
+        crash loop would otherwise repeat it at every start)."""
+        if why is None and path is not None:
+            why = self._reach(path)  # a console script the supervisor cannot read
+        if why is not None:
+            event = "drift_blind"
+        first = (unit, event) not in self._said
+        self._said.add((unit, event))
+        say = log.warning if first and event == "drift_blind" else log.info if first else log.debug
+        say(
+            event,
+            unit=unit,
+            path=path,
+            error=why
+            or "its ExecStart= runs no Python (drift needs `python` in the unit's config)",
+            action="no environment recorded for this unit; crashes are decided without drift",
+        )
 
     def _mark_good(self, good: _Good) -> None:
         try:

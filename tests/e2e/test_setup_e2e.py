@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 from nspawn import Container, booted_container, wait_for
-from served import DATA, REPO, SEED_LOG, UNIT, invocations_that_ran, quarantined, settled
+from served import (
+    DATA,
+    REPO,
+    SEED_LOG,
+    UNIT,
+    invocations_that_ran,
+    quarantined,
+    settled,
+    supervisor_events,
+)
 
 pytestmark = pytest.mark.nspawn
 
@@ -24,8 +33,10 @@ SHIM = """#!/bin/sh
 export LD_LIBRARY_PATH=/opt/vsup/python/lib PYTHONDONTWRITEBYTECODE=1
 exec /opt/venv/bin/vllm-supervisor "$@"
 """
+VENV = "/home/ops/venv"  # a served venv under /home: hidden by the daemon's ProtectHome=
 CONFIG = f"""[[unit]]
 name = "{UNIT}"
+python = "{VENV}/bin/python"
 
 [metrics]
 listen = "127.0.0.1:9464"
@@ -37,7 +48,9 @@ ExecStart=/usr/bin/python3 /opt/vsup/e2e/fake-server.py --log {SEED_LOG}
 Restart=always
 RestartSec=100ms
 """
+ENVIRONMENTS = "/etc/systemd/system/vllm-supervisor.service.d/20-served-environments.conf"
 INSTALLED = (
+    ENVIRONMENTS,
     "/etc/systemd/system/vllm-supervisor.service",
     "/etc/sysusers.d/vllm-supervisor.conf",
     "/etc/polkit-1/rules.d/50-vllm-supervisor.rules",
@@ -87,6 +100,7 @@ def exists(box: Container, path: str) -> bool:
 def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) -> None:
     """setup (twice: idempotent) → the fatal crash halted at the first run → uninstall."""
     pip_install(bare)
+    bare.run("/usr/bin/python3", "-m", "venv", "--without-pip", VENV)
     bare.write_file("/etc/vllm-supervisor/supervisor.toml", CONFIG)
     bare.write_file(f"/etc/systemd/system/{UNIT}", SERVED)
     # /etc started empty (--volatile): journald made its files before sysusers made the
@@ -101,6 +115,8 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
     assert "0 file(s) changed" in again and "wrote" not in again
     rule = bare.run("cat", "/etc/polkit-1/rules.d/50-vllm-supervisor.rules").stdout
     assert f'var SUPERVISED_UNITS = ["{UNIT}"]' in rule
+    binds = bare.run("cat", ENVIRONMENTS).stdout
+    assert f"BindReadOnlyPaths={VENV}" in binds and "ProtectHome=tmpfs" in binds
     wait_for(
         lambda: bare.show("vllm-supervisor.service", "ActiveState")["ActiveState"] == "active",
         timeout=30,
@@ -113,6 +129,13 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
              what="the served unit halted")  # fmt: skip
     assert len(invocations_that_ran(bare)) == 1
     assert bare.run("vllm-supervisor", "status", check=False).returncode == 1
+    # Drift sees the served venv through the bind (before: drift_blind, nothing recorded).
+    wait_for(lambda: supervisor_events(bare, "environment_recorded"), timeout=20,
+             what="the served environment recorded")  # fmt: skip
+    assert not supervisor_events(bare, "drift_blind")
+    security = bare.run("systemd-analyze", "security", "--no-pager", "vllm-supervisor.service")
+    [line] = [x for x in security.stdout.splitlines() if "Overall exposure level" in x]
+    assert float(line.split(":")[1].split()[0]) <= 2.0, line
 
     gone = bare.run("vllm-supervisor", "setup", "--uninstall", "--purge", timeout=120).stdout
     assert "uninstalled" in gone
