@@ -182,17 +182,13 @@ async def test_an_entry_whose_handling_raises_is_counted_and_skipped(tmp_path: P
     assert crash["verdict"]["signature"] == "flashinfer_cubin_mismatch"
 
 
-async def test_a_stop_during_a_hung_slack_attempt_ends_within_the_grace(tmp_path: Path) -> None:
-    """SIGTERM while Slack holds a request: the daemon cancels the attempt after its grace,
-    says so in one line, and the message stays in the outbox for the next start."""
-    config = _config(tmp_path)
-    server = SlackServer()
-    server.start()
-    server.script.append(Reply(delay_s=60))  # Slack takes the request and never answers in time
-    store = Store.in_directory(config.state.state_dir)
+def _with_slack(
+    config: Config, store: Store, server: SlackServer, slack: SlackConfig, *, grace_s: float = 10
+) -> tuple[Daemon, Outbox]:
+    """A daemon without systemd whose outbox posts to the loopback Slack `server`."""
     metrics = Metrics(new_registry(process=False))
-    slack = SlackConfig(timeout_s=30)
-    outbox = Outbox(store, SlackWebhook(Secret(server.url), timeout_s=30), metrics, slack, host="h")
+    hook = SlackWebhook(Secret(server.url), timeout_s=slack.timeout_s)
+    outbox = Outbox(store, hook, metrics, slack, host="h")
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
     daemon = Daemon(
         config,
@@ -201,8 +197,20 @@ async def test_a_stop_during_a_hung_slack_attempt_ends_within_the_grace(tmp_path
         metrics=metrics,
         actor=Actor(halter, None, metrics),
         notifier=outbox,
-        shutdown_grace_s=0.5,
+        shutdown_grace_s=grace_s,
     )
+    return daemon, outbox
+
+
+async def test_a_stop_during_a_hung_slack_attempt_ends_within_the_grace(tmp_path: Path) -> None:
+    """SIGTERM while Slack holds a request: the daemon cancels the attempt after its grace,
+    says so in one line, and the message stays in the outbox for the next start."""
+    config = _config(tmp_path)
+    server = SlackServer()
+    server.start()
+    server.script.append(Reply(delay_s=60))  # Slack takes the request and never answers in time
+    store = Store.in_directory(config.state.state_dir)
+    daemon, outbox = _with_slack(config, store, server, SlackConfig(timeout_s=30), grace_s=0.5)
     stop = asyncio.Event()
     try:
         with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
@@ -254,18 +262,7 @@ async def test_a_fatal_loop_is_one_story_one_halt_one_message(tmp_path: Path) ->
     server = SlackServer()
     server.start()
     store = Store.in_directory(config.state.state_dir)
-    metrics = Metrics(new_registry(process=False))
-    slack = SlackConfig(min_interval_s=0.01)
-    outbox = Outbox(store, SlackWebhook(Secret(server.url), timeout_s=5), metrics, slack, host="h")
-    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
-    daemon = Daemon(
-        config,
-        load_table(config),
-        store=store,
-        metrics=metrics,
-        actor=Actor(halter, None, metrics),
-        notifier=outbox,
-    )
+    daemon, _ = _with_slack(config, store, server, SlackConfig(min_interval_s=0.01))
     ids = [uuid.uuid4().hex for _ in range(3)]
     stop = asyncio.Event()
     try:
