@@ -112,6 +112,7 @@ class Daemon:
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
         self._progress = asyncio.Event()  # replaced (after being set) at each handled batch
         self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
+        self._cursor_behind = asyncio.Event()  # set when a batch left its cursor uncommitted
         self.machine_id = supervised_machine_id(config)
         self.boot_id = local_boot_id()
         self.checkpoint = store.load_checkpoint()
@@ -460,6 +461,7 @@ class Daemon:
             # Nothing was decided: the cursor alone can wait (see _checkpoint_quiet). Entries
             # read again after a kill only rebuild the open invocation; every decision is
             # committed at once, with the cursor that covers it.
+            self._cursor_behind.set()
             return
         writers = [
             self.notifier.writer_for(o) for o in self.state.pending if self.notifier is not None
@@ -485,15 +487,22 @@ class Daemon:
         self._committed_at = time.monotonic()
 
     async def _checkpoint_quiet(self, stop: asyncio.Event) -> None:
-        """Commit a cursor that batches left uncommitted once the journal goes quiet."""
+        """Commit a cursor that batches left uncommitted once the journal goes quiet.
+
+        It sleeps until a batch leaves its cursor uncommitted, so an idle daemon has no timer
+        of its own (only the watchdog's pings); then at most `checkpoint_interval_s` later the
+        cursor is committed."""
         interval = self.config.state.checkpoint_interval_s
         while not stop.is_set():
-            await first_of(stop.wait(), at_most_s=interval)
+            await first_of(self._cursor_behind.wait(), stop.wait())
             if stop.is_set():
                 return
-            if time.monotonic() - self._committed_at < interval:
+            left = interval - (time.monotonic() - self._committed_at)
+            if left > 0:
+                await first_of(stop.wait(), at_most_s=left)
                 continue
             async with self.lock:
+                self._cursor_behind.clear()
                 if self.reader.cursor != self.checkpoint.cursor:
                     self._commit([], force=True)
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllm_supervisor.actions.actor import Actor
 from vllm_supervisor.actions.halt import Halter
@@ -17,7 +19,7 @@ from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.config import Config, UnitConfig, validate
 from vllm_supervisor.daemon import Daemon
-from vllm_supervisor.decide.hang import HangDetector, HangWatcher
+from vllm_supervisor.decide.hang import DEATH_HINTS, DEATH_PATTERNS, HangDetector, HangWatcher
 from vllm_supervisor.errors import ConfigError
 from vllm_supervisor.journal.writer import JournalWriter, lifecycle, service_lines
 from vllm_supervisor.model import JournalEntry, LifecycleEvent, UnitState
@@ -344,3 +346,24 @@ async def test_daemon_records_a_hung_engine_on_a_real_journal(tmp_path: Path, st
         {"unit": UNIT, "action": record["decision"]["action"]},
     )
     assert hung == 1.0
+
+
+@pytest.mark.parametrize("pattern", DEATH_PATTERNS)
+@given(data=st.data())
+def test_every_death_line_passes_the_literal_prefilter(pattern: str, data: st.DataObject) -> None:
+    """The prefilter only skips the regex: any line a death pattern matches holds a hint."""
+    line = data.draw(st.from_regex(pattern))
+    assert any(hint in line for hint in DEATH_HINTS), line
+
+
+def test_the_prefilter_changes_no_verdict() -> None:
+    """With and without the prefilter the detector notes the same lines."""
+    lines = [DEAD, "INFO ok", "Engine core proc EngineCore_0 died unexpectedly", "died"]
+    for text in lines:
+        fast, plain = (
+            HangDetector({UNIT: 1.0}),
+            HangDetector({UNIT: 1.0}, patterns=[*DEATH_PATTERNS]),
+        )
+        fast.observe(line(text))
+        plain.observe(line(text))
+        assert (fast.death(UNIT) is None) == (plain.death(UNIT) is None), text

@@ -47,6 +47,14 @@ DEATH_PATTERNS: tuple[str, ...] = (
     r"Engine process \(pid \d+\) died",
     r"Scheduler hit an exception",
 )
+# A literal that each of DEATH_PATTERNS contains (tests/test_hang.py checks the pairing).
+DEATH_HINTS: tuple[str, ...] = (
+    "EngineDeadError",
+    "died unexpectedly",
+    "Engine core initialization failed",
+    "Engine process (pid ",
+    "Scheduler hit an exception",
+)
 # PID 1's messages that end an invocation: the journal will report the end, so no hang.
 _ENDING = frozenset(
     {
@@ -83,6 +91,8 @@ class HangDetector:
     ) -> None:
         self._grace = dict(grace_s)
         self._pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+        # Only for the shipped patterns, whose literals are known; others run the regex alone.
+        self._hints = DEATH_HINTS if tuple(patterns) == DEATH_PATTERNS else ()
         self._clock = clock
         self._deaths: dict[str, _Death] = {}
 
@@ -95,11 +105,18 @@ class HangDetector:
         if death is not None and _ends(entry, death.invocation_id):
             del self._deaths[unit]
             death = None
-        if death is None and not entry.from_pid1 and self._pattern.search(entry.message):
+        if death is None and not entry.from_pid1 and self._may_be_death(entry.message):
             # The grace period runs from when the line was read, not when it was logged: a
             # journal read from its head must not declare a hang before the end is read.
             due = self._clock() + self._grace[unit]
             self._deaths[unit] = _Death(entry.invocation_id, entry.host, entry.message, due)
+
+    def _may_be_death(self, message: str) -> bool:
+        # Every line of a supervised unit passes here: a literal test rejects nearly all of
+        # them before the regex runs (the classifier's prefilter does the same).
+        if self._hints and not any(hint in message for hint in self._hints):
+            return False
+        return self._pattern.search(message) is not None
 
     def due(self, now: float) -> list[str]:
         """Units whose death line is older than their grace period, invocation not ended."""
