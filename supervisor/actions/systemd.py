@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, TypeVar
 
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
@@ -19,6 +19,8 @@ from dbus_fast.errors import AuthError, DBusError, DBusFastError, InvalidAddress
 
 from ..errors import SystemdError
 from ..model import UnitState
+
+T = TypeVar("T")
 
 SYSTEMD_BUS_NAME: Final = "org.freedesktop.systemd1"
 MANAGER_PATH: Final = "/org/freedesktop/systemd1"
@@ -182,3 +184,18 @@ class SystemdClient:
 def _unwrap(props: Mapping[str, Any]) -> dict[str, Any]:
     """Replace the Variants of a GetAll answer by their values."""
     return {k: v.value if isinstance(v, Variant) else v for k, v in props.items()}
+
+
+def ask_once(question: Callable[[SystemdClient], Awaitable[T]], *, timeout_s: float) -> T:
+    """For a one-shot command (not the daemon): connect to the system bus, ask `question` on
+    that one connection, close. SystemdError, OSError and TimeoutError reach the caller."""
+
+    async def run() -> T:
+        client = SystemdClient(timeout_s=timeout_s)
+        try:
+            await client.connect()
+            return await question(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

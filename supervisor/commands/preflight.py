@@ -13,7 +13,6 @@ library only, so no `packaging` is needed there); requirements are evaluated her
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import socket
@@ -30,7 +29,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from ..actions.quarantine import Quarantine, quarantine_dirs
-from ..actions.systemd import SystemdClient
+from ..actions.systemd import ask_once
 from ..config import DriftConfig
 from ..environment.execstart import interpreter_from_exec_start
 from ..environment.log import EnvironmentLog
@@ -551,16 +550,8 @@ def exec_start_argv(unit: str, *, timeout_s: float = 2.0) -> list[str] | None:
     """The argv of a unit's (first) ExecStart=, as systemd reports it over D-Bus (the reader the
     daemon's drift uses, actions.systemd); None when systemd cannot say."""
 
-    async def ask() -> list[str]:
-        client = SystemdClient(timeout_s=timeout_s)
-        try:
-            await client.connect()
-            return await client.exec_start(unit)
-        finally:
-            await client.close()
-
     try:
-        return asyncio.run(ask()) or None
+        return ask_once(lambda client: client.exec_start(unit), timeout_s=timeout_s) or None
     except (SystemdError, OSError, TimeoutError):
         return None
 

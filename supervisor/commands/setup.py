@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ..actions.systemd import SystemdClient, ask_once
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
 from ..environment.execstart import interpreter_from_exec_start
 from ..environment.reach import environment_root, hidden_by
-from ..errors import ConfigError, SupervisorError
+from ..errors import ConfigError, SupervisorError, SystemdError
 from ..util.files import atomic_write
-from .preflight import exec_start_argv
 
 MARKER = "# Written by `vllm-supervisor setup`; `vllm-supervisor setup --uninstall` removes it."
 DEPLOY = Path(__file__).resolve().parent.parent / "data" / "deploy"
@@ -38,6 +38,7 @@ DAEMON_UNIT = "vllm-supervisor.service"
 USER = "vllm-supervisor"
 DEFAULT_PROGRAM = "/usr/local/bin/vllm-supervisor"
 COMMAND_TIMEOUT_S = 60.0
+SYSTEMD_TIMEOUT_S = 2.0  # one D-Bus call while reading the units' ExecStart=
 UNIT_DIR = Path("/etc/systemd/system")
 DAEMON_UNIT_FILE = UNIT_DIR / DAEMON_UNIT
 SYSUSERS_FILE = Path("/etc/sysusers.d/vllm-supervisor.conf")
@@ -118,14 +119,25 @@ def served_environments(interpreters: Iterable[str]) -> str | None:
 
 
 def exec_start_interpreters(units: Iterable[str]) -> dict[str, str]:
-    """The Python each unit's ExecStart= runs, as systemd reports it (units without: left out)."""
-    found = {}
-    for unit in units:
-        argv = exec_start_argv(unit)
-        python = interpreter_from_exec_start(argv) if argv else None
-        if python is not None:
-            found[unit] = str(python)
-    return found
+    """The Python each unit's ExecStart= runs, as systemd reports it over one bus connection
+    (units without one, or that systemd cannot say, are left out)."""
+    names = list(units)
+
+    async def argvs(client: SystemdClient) -> dict[str, list[str]]:
+        found = {}
+        for unit in names:
+            with contextlib.suppress(SystemdError):
+                found[unit] = await client.exec_start(unit)
+        return found
+
+    if not names:
+        return {}
+    try:
+        by_unit = ask_once(argvs, timeout_s=SYSTEMD_TIMEOUT_S)
+    except (SystemdError, OSError, TimeoutError):
+        return {}
+    pythons = {unit: interpreter_from_exec_start(argv) for unit, argv in by_unit.items() if argv}
+    return {unit: str(python) for unit, python in pythons.items() if python is not None}
 
 
 def drop_in(unit: str) -> Path:

@@ -13,7 +13,6 @@ is not running or not healthy (and nothing is halted).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import fcntl
 import json
@@ -26,7 +25,7 @@ from typing import Any, TextIO
 import httpx
 
 from ..actions.quarantine import quarantine_records
-from ..actions.systemd import SystemdClient
+from ..actions.systemd import SystemdClient, ask_once
 from ..app import LOCK_NAME
 from ..config import Config, parse_listen
 from ..errors import SupervisorError
@@ -185,22 +184,17 @@ def _history(state_dir: Path) -> list[dict[str, Any]]:
 def systemd_states(units: Sequence[str]) -> dict[str, UnitState | str]:
     """Each unit's state from systemd over D-Bus, or why it could not be read."""
 
-    async def ask() -> dict[str, UnitState | str]:
-        client = SystemdClient(timeout_s=SYSTEMD_TIMEOUT_S)
+    async def states(client: SystemdClient) -> dict[str, UnitState | str]:
         answers: dict[str, UnitState | str] = {}
-        try:
-            await client.connect()
-            for unit in units:
-                try:
-                    answers[unit] = await client.unit_state(unit)
-                except SupervisorError as exc:
-                    answers[unit] = str(exc)
-        finally:
-            await client.close()
+        for unit in units:
+            try:
+                answers[unit] = await client.unit_state(unit)
+            except SupervisorError as exc:
+                answers[unit] = str(exc)
         return answers
 
     try:
-        return asyncio.run(ask())
+        return ask_once(states, timeout_s=SYSTEMD_TIMEOUT_S)
     except (SupervisorError, OSError) as exc:
         return dict.fromkeys(units, f"systemd not reachable: {exc}")
 
