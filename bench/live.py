@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,7 +32,10 @@ from bench.generate import UNIT, Encoder, finish_remote, seed_lines, start_remot
 from vllm_supervisor.journal.writer import crashed_invocation, lifecycle
 from vllm_supervisor.model import LifecycleEvent
 
+SUPERVISOR = "supervisor"
 CRASH_EVERY_S = 1.5
+# vLLM says it is serving before it logs requests: the first line of every invocation here.
+READY_LINE = b"(APIServer pid=5000) INFO:     Application startup complete."
 DRAIN_S = 1.5
 
 
@@ -41,8 +46,8 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def measure_live(rate: int, seconds: float) -> dict[str, Any]:
-    """Write `rate` lines/s for `seconds` while the daemon follows; its lag, latency and CPU."""
+def measure_live(rate: int, seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
+    """Write `rate` lines/s for `seconds` while `follower` follows; its lag, latency and CPU."""
     with tempfile.TemporaryDirectory(prefix="vllm-supervisor-live-") as tmp:
         root = Path(tmp)
         remote = start_remote(root / "journal")
@@ -53,31 +58,32 @@ def measure_live(rate: int, seconds: float) -> dict[str, Any]:
         remote.stdin.write(encoder.entry(started, now_us=_now_us()))
         remote.stdin.flush()
         _wait_for_file(root / "journal")
-        follower = subprocess.Popen(
-            [sys.executable, "-m", "bench.live", str(root)],
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.live", str(root), follower],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=Path(__file__).resolve().parent.parent,
         )
         try:
-            assert follower.stdout is not None
+            assert process.stdout is not None
             # structlog writes its events to stdout too: read up to our marker.
-            while (line := follower.stdout.readline()) and line.strip() != b"ready":
+            while (line := process.stdout.readline()) and line.strip() != b"ready":
                 pass
             if not line:
-                follower.kill()
-                _, errors = follower.communicate(timeout=30)
+                process.kill()
+                _, errors = process.communicate(timeout=30)
                 raise SystemExit(f"live follower did not start: {errors.decode()[-2000:]}")
             written, crashes = _write_at_rate(remote, encoder, inv, rate, seconds)
             time.sleep(DRAIN_S)
         finally:
-            follower.send_signal(signal.SIGTERM)
-            out, _ = follower.communicate(timeout=60)
+            process.send_signal(signal.SIGTERM)
+            out, _ = process.communicate(timeout=60)
             finish_remote(remote)
     result = json.loads(out.decode().strip().splitlines()[-1])
     lags = result.pop("lags_ms")
     crash_ms = result.pop("crash_ms")
     return {
+        "follower": follower,
         "rate": rate,
         "seconds": seconds,
         "written": written,
@@ -116,6 +122,8 @@ def _write_at_rate(
     written = crashes = 0
     pid = 5000
     constant = stdout_fields(UNIT, inv, pid, comm="python3", cmdline="python3 -m vllm")
+    remote.stdin.write(encoder.line(constant, READY_LINE, now_us=_now_us()))
+    written += 1
     start = time.monotonic()
     next_crash = start + CRASH_EVERY_S
     n = 0
@@ -141,7 +149,8 @@ def _write_at_rate(
             constant = stdout_fields(UNIT, inv, pid, comm="python3", cmdline="python3 -m vllm")
             restarted = lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.")
             chunk.append(encoder.entry(restarted, now_us=_now_us()))
-            written += 1
+            chunk.append(encoder.line(constant, READY_LINE, now_us=_now_us()))
+            written += 2
         remote.stdin.write(b"".join(chunk))
         remote.stdin.flush()
         pause = start + tick * (1 + (now - start) // tick) - time.monotonic()
@@ -151,11 +160,8 @@ def _write_at_rate(
 
 
 async def _follow(root: Path) -> dict[str, Any]:
-    """The follower process: the real Daemon, timed per batch."""
-    from vllm_supervisor.actions.actor import Actor
-    from vllm_supervisor.actions.halt import Halter
-    from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
-    from vllm_supervisor.classify.table import load_table
+    """The follower process: the daemon as `app.run_daemon` builds it, timed per batch."""
+    from vllm_supervisor import app
     from vllm_supervisor.config import (
         Config,
         JournalConfig,
@@ -166,8 +172,6 @@ async def _follow(root: Path) -> dict[str, Any]:
     )
     from vllm_supervisor.daemon import Daemon
     from vllm_supervisor.model import JournalEntry, Outcome
-    from vllm_supervisor.store import Store
-    from vllm_supervisor.telemetry.metrics import Metrics
 
     config = Config(
         units=(UnitConfig(name=UNIT),),
@@ -178,38 +182,55 @@ async def _follow(root: Path) -> dict[str, Any]:
     )
     lags: list[float] = []
     crash_ms: list[float] = []
+    built: list[Daemon] = []
+    was_built = asyncio.Event()
+    batches: list[int] = []  # entries per handled batch
+    handle_batch = Daemon.handle_batch
+    init = Daemon.__init__
 
-    class TimedDaemon(Daemon):
-        async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
-            outcomes = await super().handle_batch(batch)
-            now = time.time()
-            lags.extend((now - e.realtime_us / 1e6) * 1000 for e in batch)
-            crash_ms.extend(
-                (now - (o.invocation.ended_us or 0) / 1e6) * 1000
-                for o in outcomes
-                if o.invocation.failed
-            )
-            return outcomes
+    # The harness times the real daemon from outside: the class is patched in this process only.
+    def noting_init(self: Daemon, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+        was_built.set()
 
-    store = Store.in_directory(config.state.state_dir)
-    halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1.0)
-    metrics = Metrics()
-    actor = Actor(halter, None, metrics)
-    daemon = TimedDaemon(config, load_table(config), store=store, metrics=metrics, actor=actor)
+    async def timed(self: Daemon, batch: list[JournalEntry]) -> list[Outcome]:
+        outcomes = await handle_batch(self, batch)
+        now = time.time()
+        batches.append(len(batch))
+        lags.extend((now - e.realtime_us / 1e6) * 1000 for e in batch)
+        return outcomes
+
+    def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
+        # Decided in a batch or by the settle loop, every outcome is committed here.
+        commit(self, outcomes, force=force)
+        now = time.time()
+        crash_ms.extend(
+            (now - (o.invocation.ended_us or 0) / 1e6) * 1000
+            for o in outcomes
+            if o.invocation.failed
+        )
+
+    commit = Daemon._commit
+    Daemon.__init__ = noting_init  # type: ignore[method-assign]
+    Daemon.handle_batch = timed  # type: ignore[method-assign]
+    Daemon._commit = committing  # type: ignore[method-assign]
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(daemon.run(stop))
-    await daemon.reader.following.wait()
-    cpu0 = _cpu()
+    task = asyncio.create_task(app.run_daemon(config, stop, asyncio.Event()))
+    await was_built.wait()
+    await built[0].reader.following.wait()
+    cpu0, child0 = _cpu(), _cpu_children()
     wall0 = time.monotonic()
     print("ready", flush=True)
     await task
     wall = time.monotonic() - wall0
-    cpu = _cpu() - cpu0  # journalctl is reaped by now: its CPU is in RUSAGE_CHILDREN
-    store.close()
+    cpu = _cpu() - cpu0  # the reader child is reaped by now: its CPU is in RUSAGE_CHILDREN
     return {
         "handled": len(lags),
+        "batches": len(batches),
         "cpu_percent": 100 * cpu / wall,
+        "cpu_child_percent": 100 * (_cpu_children() - child0) / wall,
         "cpu_s": cpu,
         "window_s": wall,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -218,16 +239,79 @@ async def _follow(root: Path) -> dict[str, Any]:
     }
 
 
+def _follow_peer(root: Path, name: str) -> dict[str, Any]:
+    """The follower process for a peer: its loop in a thread until SIGTERM, then its CPU.
+
+    The bindings block in C (`wait()`), where no Python signal handler runs: the main thread
+    waits for the signal instead, and the process exits without joining the loop."""
+    from bench.peers import PEERS, Tally
+
+    follow = PEERS[name][0]
+    tally = Tally()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the thread inherits the mask
+    cpu0 = _cpu()
+    wall0 = time.monotonic()
+    errors: list[str] = []
+
+    def run() -> None:
+        try:
+            follow(root / "journal", UNIT, tally)
+        except Exception as exc:  # reported in the figures, not lost in a thread
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threading.Thread(target=run, daemon=True).start()
+    print("ready", flush=True)
+    signal.sigwait({signal.SIGTERM})
+    if tally.child is not None:
+        tally.child.kill()  # it inherited the blocked SIGTERM
+        tally.child.wait()  # reaped: its CPU is in RUSAGE_CHILDREN
+    wall = time.monotonic() - wall0
+    cpu = _cpu() - cpu0
+    return {
+        "handled": tally.handled,
+        "errors": errors,
+        "cpu_percent": 100 * cpu / wall,
+        "cpu_s": cpu,
+        "window_s": wall,
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "lags_ms": [],
+        "crash_ms": [],
+    }
+
+
 def _cpu() -> float:
+    return _cpu_self() + _cpu_children()
+
+
+def _cpu_self() -> float:
     me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def _cpu_children() -> float:
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return kids.ru_utime + kids.ru_stime
 
 
 def main(argv: list[str]) -> int:
-    """`python -m bench.live ROOT`: follow ROOT/journal until SIGTERM, print the figures."""
-    result = asyncio.run(_follow(Path(argv[0])))
-    print(json.dumps(result))
+    """`python -m bench.live ROOT [FOLLOWER]`: follow ROOT/journal until SIGTERM, print the
+    figures; FOLLOWER is `supervisor` (the default) or a peer of `bench.peers`."""
+    root, follower = Path(argv[0]), argv[1] if len(argv) > 1 else SUPERVISOR
+    if follower == SUPERVISOR:
+        profile = os.environ.get("BENCH_LIVE_PROFILE")  # a path: cProfile the follower into it
+        if profile:
+            import cProfile
+
+            with cProfile.Profile() as profiler:
+                result = asyncio.run(_follow(root))
+            profiler.dump_stats(profile)
+        else:
+            result = asyncio.run(_follow(root))
+    else:
+        result = _follow_peer(root, follower)
+    print(json.dumps(result), flush=True)
+    if follower != SUPERVISOR:
+        os._exit(0)  # the peer's thread still blocks in its binding
     return 0
 
 

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <systemd/sd-journal.h>
 #include <unistd.h>
 
@@ -403,6 +404,7 @@ typedef struct {
     Buf entry;
     Selection sel;
     int follow;
+    uint64_t linger_us;
 } Run;
 
 static int cursor_record(Run *run) {
@@ -420,8 +422,20 @@ static int cursor_record(Run *run) {
     return r < 0 ? r : out_put(run->out, "\n", 1);
 }
 
+/* A busy journal changes on every entry (journal-remote, journald under load): reading at each
+ * change would wake both processes once per line. So after a read that found entries, sleep
+ * `linger_us` and read again without waiting for a change: a steady stream costs one wake-up and
+ * one batch per interval. A quiet journal's next entry is still read at its change, and SIGUSR1
+ * (a kick) cuts the sleep short: nanosleep returns with EINTR. */
+static void linger(uint64_t linger_us) {
+    struct timespec pause = {.tv_sec = (time_t)(linger_us / 1000000),
+                             .tv_nsec = (long)(linger_us % 1000000) * 1000};
+    (void)nanosleep(&pause, NULL);
+}
+
 static int stream_loop(Run *run, int first_is_cursor) {
     long skipped = 0; /* entries of other units since the last record written */
+    long written = 0; /* records written since the last wait */
     int r;
     for (;;) {
         r = sd_journal_next(run->j);
@@ -434,20 +448,29 @@ static int stream_loop(Run *run, int first_is_cursor) {
             long every = first_is_cursor ? 1 : SKIPPED_CURSOR_EVERY;
             first_is_cursor = 0;
             if (r == 0 && ++skipped >= every && (r = cursor_record(run)) >= 0)
-                skipped = 0;
+                skipped = 0, written++;
             else if (r > 0)
-                skipped = 0;
+                skipped = 0, written++;
             if (r < 0)
                 return r == -EPIPE ? 0 : fail("Failed to write entry", r);
             continue;
         }
         if (skipped > 0 && (r = cursor_record(run)) < 0)
             return r == -EPIPE ? 0 : fail("Failed to write entry", r);
+        written += skipped > 0;
         skipped = 0;
         if ((r = out_flush(run->out)) < 0)
             return r == -EPIPE ? 0 : fail("Failed to write", r);
         if (!run->follow)
             return 0;
+        if (written > 0 && run->linger_us > 0) {
+            written = 0;
+            linger(run->linger_us);
+            if ((r = sd_journal_process(run->j)) < 0)
+                return fail("Failed to process journal changes", r);
+            continue;
+        }
+        written = 0;
         r = wait_for_change(run->j);
         if (r == -EPIPE)
             return 0;
@@ -472,17 +495,22 @@ static int stream_last(Run *run) {
 }
 
 static PyObject *stream(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"fields", "units", "directory", "files", "follow", "cursor",
-                               "start", "match_units", "data_threshold", "lines", NULL};
+    static char *keywords[] = {"fields",         "units", "directory", "files",
+                               "follow",         "cursor", "start",    "match_units",
+                               "data_threshold", "lines", "linger_ms", NULL};
     PyObject *fields, *units, *directory, *files;
     int follow, match_units, lines;
     const char *cursor, *start;
-    Py_ssize_t threshold;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOpzspnp", keywords, &fields, &units,
+    Py_ssize_t threshold, linger_ms;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOpzspnpn", keywords, &fields, &units,
                                      &directory, &files, &follow, &cursor, &start, &match_units,
-                                     &threshold, &lines))
+                                     &threshold, &lines, &linger_ms))
         return NULL;
-    Run run = {.follow = follow, .entry = {NULL, 0, 0}};
+    if (linger_ms < 0 || linger_ms > 1000) {
+        PyErr_SetString(PyExc_ValueError, "linger_ms must be within 0..1000");
+        return NULL;
+    }
+    Run run = {.follow = follow, .entry = {NULL, 0, 0}, .linger_us = (uint64_t)linger_ms * 1000};
     if (names_from(fields, run.sel.fields, &run.sel.n_fields, "fields") < 0 ||
         names_from(units, run.sel.units, &run.sel.n_units, "units") < 0)
         return NULL;

@@ -12,5 +12,6 @@ def stream(
     match_units: bool,
     data_threshold: int,
     lines: bool,
+    linger_ms: int,
 ) -> int:
     """Write the journal's entries to fd 1 in export format; returns the exit status."""

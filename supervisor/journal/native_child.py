@@ -28,6 +28,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--start", choices=("head", "tail", "last"), default="head")
     parser.add_argument("--data-threshold", type=int, default=0)
     parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=0,
+        help="when busy, batch changes for this long before reading (0: read at each change)",
+    )
+    parser.add_argument(
         "--lines", action="store_true", help="the lean framing (export.LineParser) for the daemon"
     )
     return parser.parse_args(argv)
@@ -54,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         match_units=bool(args.unit),
         data_threshold=args.data_threshold,
         lines=args.lines,
+        linger_ms=args.linger_ms,
     )
     return status
 

@@ -68,6 +68,9 @@ class ReaderSettings:
     backoff_max_s: float = 30.0
     max_line_chars: int = 16384
     source: str = "journalctl"  # the child: "journalctl", "native" or "auto" (native if built)
+    # Following a busy journal, the native child reads at most once per this interval (a kick
+    # reads at once): one batch per interval instead of one wake-up of both processes per line.
+    linger_ms: int = 20
 
 
 SOURCES = ("auto", "native", "journalctl")
@@ -124,7 +127,7 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     if last:
         return [*argv, "--start=last"]
     if settings.follow:
-        argv.append("--follow")
+        argv += ["--follow", f"--linger-ms={settings.linger_ms}"]
     if cursor is not None:
         return [*argv, f"--cursor={cursor}"]
     return [*argv, f"--start={settings.start_at if settings.follow else 'head'}"]
@@ -259,17 +262,11 @@ class JournalctlReader:
         # Read once, --unit can legitimately start after it (the saved entry of another unit).
         expected = self.cursor if self.settings.follow or not self.settings.units else None
         inclusive, self._inclusive = self._inclusive, False
-        stop_wait = asyncio.ensure_future(stop.wait())
+        # One waiter for `stop` per child, not one task per read: a stop ends the child, and
+        # its end of file ends the loop.
+        stopper = asyncio.create_task(_terminate_on(stop, process))
         try:
-            while True:
-                read = asyncio.ensure_future(process.stdout.read(READ_SIZE))
-                done, _ = await asyncio.wait({read, stop_wait}, return_when="FIRST_COMPLETED")
-                if read not in done:
-                    read.cancel()
-                    return
-                chunk = read.result()
-                if not chunk:
-                    return
+            while chunk := await process.stdout.read(READ_SIZE):
                 invalid = decoder.invalid
                 entries, first, last = decoder.feed(chunk)
                 if decoder.invalid != invalid:
@@ -290,7 +287,7 @@ class JournalctlReader:
                     self.cursor = last.decode("ascii", "replace")
                 yield entries
         finally:
-            stop_wait.cancel()
+            stopper.cancel()
 
     def _decoder(self) -> LineParser | _ExportDecoder:
         max_chars = self.settings.max_line_chars
@@ -472,6 +469,13 @@ async def terminate(process: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
+
+
+async def _terminate_on(stop: asyncio.Event, process: asyncio.subprocess.Process) -> None:
+    await stop.wait()
+    with contextlib.suppress(ProcessLookupError):
+        if process.returncode is None:
+            process.terminate()
 
 
 async def _drain_stderr(process: asyncio.subprocess.Process) -> list[str]:
