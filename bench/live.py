@@ -39,7 +39,7 @@ READY_LINE = b"(APIServer pid=5000) INFO:     Application startup complete."
 DRAIN_S = 1.5
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -90,11 +90,11 @@ def measure_live(rate: int, seconds: float, follower: str = SUPERVISOR) -> dict[
         "achieved_rate": written / seconds,
         "crashes_written": crashes,
         "crashes_decided": len(crash_ms),
-        "lag_ms_p50": _percentile(lags, 0.5),
-        "lag_ms_p99": _percentile(lags, 0.99),
+        "lag_ms_p50": percentile(lags, 0.5),
+        "lag_ms_p99": percentile(lags, 0.99),
         "lag_ms_max": max(lags, default=0.0),
-        "crash_ms_p50": _percentile(crash_ms, 0.5),
-        "crash_ms_p99": _percentile(crash_ms, 0.99),
+        "crash_ms_p50": percentile(crash_ms, 0.5),
+        "crash_ms_p99": percentile(crash_ms, 0.99),
         **result,
     }
 

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,59 @@ def _rotate(directory: Path, writer: JournalWriter, step: str) -> JournalWriter:
     if step == "gen4":
         os.truncate(max(directory.glob("remote@*.journal")), 0)
     return JournalWriter(directory, factory=factory)
+
+
+class TestSync:
+    """`sync`: everything in the journal files before it was asked has been handed over."""
+
+    async def test_a_sync_covers_every_entry_written_before_it(self, journal_dir: Path) -> None:
+        """Entries in the file but never announced by a change notification (journald's is
+        up to 250 ms late on 252) are read and handled before the sync answers."""
+        settings = ReaderSettings(
+            directory=journal_dir, units=(UNIT,), start_at="head", source="native"
+        )
+        reader = JournalctlReader(settings)
+        got: list[str] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(_collect(reader, stop, 10**9, got))
+        try:
+            with JournalWriter(journal_dir) as writer:
+                await asyncio.wait_for(reader.following.wait(), 10)
+                lines = _lines("unannounced", 50)
+                writer.write(service_lines(UNIT, "7" * 32, lines))
+                await poll(lambda: _in_file(journal_dir) >= 50, within=10)
+                assert await reader.sync(10)
+                assert got == lines  # handled by the consumer before the answer
+                more = _lines("more", 3)
+                writer.write(service_lines(UNIT, "7" * 32, more))
+                await poll(lambda: _in_file(journal_dir) >= 53, within=10)
+                assert await reader.sync(10)
+                assert got == lines + more
+        finally:
+            stop.set()
+            await task
+            await reader.aclose()
+
+    async def test_journalctl_cannot_be_asked(self, journal_dir: Path) -> None:
+        """The journalctl fallback takes no requests: a sync says so at once."""
+        with JournalWriter(journal_dir) as writer:
+            writer.write(service_lines(UNIT, "7" * 32, ["one"]))
+        settings = ReaderSettings(directory=journal_dir, units=(UNIT,), source="journalctl")
+        reader = JournalctlReader(settings)
+        stop = asyncio.Event()
+        task = asyncio.create_task(_collect(reader, stop, 1, []))
+        await asyncio.wait_for(reader.following.wait(), 10)
+        assert not await reader.sync(0.5)
+        stop.set()
+        await task
+        await reader.aclose()
+
+
+def _in_file(directory: Path) -> int:
+    """How many entries the journal files hold (journalctl, read once)."""
+    out = subprocess.run(
+        ["journalctl", "-D", str(directory), "-o", "cat", "--no-pager"],
+        capture_output=True,
+        check=False,
+    ).stdout
+    return len(out.splitlines())

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -267,31 +268,69 @@ static int write_entry(Out *out, Buf *entry, sd_journal *j, const Selection *sel
     return r < 0 ? r : 1;
 }
 
-/* Wait for journal changes; also return when our reader (stdout's other end) has gone away. */
-static int wait_for_change(sd_journal *j) {
+/* Sync requests: the parent writes "N\n" to our stdin, and once the journal has been read to its
+ * end in a pass that began after N arrived, "#N" follows that pass's entries (a row of its own,
+ * never a cursor). The parent then knows that everything in the journal files before it asked
+ * has been handed over. The highest number pending is kept; -1 once stdin is gone. */
+static long long sync_wanted = 0;
+static int sync_fd = STDIN_FILENO;
+static char sync_partial[32];
+static size_t sync_partial_len = 0;
+
+static void read_sync_requests(void) {
+    char buf[256];
+    ssize_t n = read(sync_fd, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+        sync_fd = -1; /* closed, or not a pipe: no more requests */
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] != '\n') {
+            if (sync_partial_len < sizeof sync_partial - 1)
+                sync_partial[sync_partial_len++] = buf[i];
+            continue;
+        }
+        sync_partial[sync_partial_len] = '\0';
+        long long wanted = strtoll(sync_partial, NULL, 10);
+        if (wanted > sync_wanted)
+            sync_wanted = wanted;
+        sync_partial_len = 0;
+    }
+}
+
+/* Wait for journal changes or a sync request, at most `timeout_ms` (-1: libsystemd's own
+ * timeout, if any); return -EPIPE when our reader (stdout's other end) has gone away. */
+static int wait_for_change(sd_journal *j, int timeout_ms) {
     int fd = sd_journal_get_fd(j);
     if (fd < 0)
         return fd;
     int events = sd_journal_get_events(j);
     if (events < 0)
         return events;
-    uint64_t timeout_us;
-    int r = sd_journal_get_timeout(j, &timeout_us);
-    if (r < 0)
-        return r;
-    int timeout_ms = -1;
-    if (timeout_us != (uint64_t)-1) {
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        uint64_t now_us = (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000;
-        timeout_ms = timeout_us > now_us ? (int)((timeout_us - now_us + 999) / 1000) : 0;
+    if (timeout_ms < 0) {
+        uint64_t timeout_us;
+        int r = sd_journal_get_timeout(j, &timeout_us);
+        if (r < 0)
+            return r;
+        if (timeout_us != (uint64_t)-1) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            uint64_t now_us = (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000;
+            timeout_ms = timeout_us > now_us ? (int)((timeout_us - now_us + 999) / 1000) : 0;
+        }
+    } else {
+        fd = -1; /* lingering: only a sync request (or the reader going away) ends the wait */
     }
-    struct pollfd fds[2] = {{.fd = fd, .events = (short)events}, {.fd = STDOUT_FILENO, .events = 0}};
-    r = poll(fds, 2, timeout_ms);
+    struct pollfd fds[3] = {{.fd = fd, .events = (short)events},
+                            {.fd = STDOUT_FILENO, .events = 0},
+                            {.fd = sync_fd, .events = POLLIN}};
+    int r = poll(fds, 3, timeout_ms);
     if (r < 0)
         return errno == EINTR ? 0 : -errno;
     if (fds[1].revents & (POLLERR | POLLHUP))
         return -EPIPE;
+    if (fds[2].revents & (POLLIN | POLLHUP | POLLERR))
+        read_sync_requests();
     r = sd_journal_process(j);
     return r < 0 ? r : 0;
 }
@@ -423,20 +462,26 @@ static int cursor_record(Run *run) {
 }
 
 /* A busy journal changes on every entry (journal-remote, journald under load): reading at each
- * change would wake both processes once per line. So after a read that found entries, sleep
+ * change would wake both processes once per line. So after a read that found entries, wait
  * `linger_us` and read again without waiting for a change: a steady stream costs one wake-up and
- * one batch per interval. A quiet journal's next entry is still read at its change, and SIGUSR1
- * (a kick) cuts the sleep short: nanosleep returns with EINTR. */
-static void linger(uint64_t linger_us) {
-    struct timespec pause = {.tv_sec = (time_t)(linger_us / 1000000),
-                             .tv_nsec = (long)(linger_us % 1000000) * 1000};
-    (void)nanosleep(&pause, NULL);
+ * one batch per interval. A quiet journal's next entry is still read at its change, and a sync
+ * request cuts the wait short. */
+static int linger(sd_journal *j, uint64_t linger_us) {
+    return wait_for_change(j, (int)((linger_us + 999) / 1000));
+}
+
+static int write_sync(Out *out, long long number) {
+    char row[32];
+    int len = snprintf(row, sizeof row, "#%lld\n", number);
+    return out_put(out, row, (size_t)len);
 }
 
 static int stream_loop(Run *run, int first_is_cursor) {
     long skipped = 0; /* entries of other units since the last record written */
     long written = 0; /* records written since the last wait */
+    long long syncing = sync_wanted; /* the request this pass answers when it reaches the end */
     int r;
+    sync_wanted = 0;
     for (;;) {
         r = sd_journal_next(run->j);
         if (r < 0)
@@ -459,23 +504,27 @@ static int stream_loop(Run *run, int first_is_cursor) {
             return r == -EPIPE ? 0 : fail("Failed to write entry", r);
         written += skipped > 0;
         skipped = 0;
+        if (syncing > 0 && (r = write_sync(run->out, syncing)) < 0)
+            return r == -EPIPE ? 0 : fail("Failed to write", r);
+        syncing = 0;
         if ((r = out_flush(run->out)) < 0)
             return r == -EPIPE ? 0 : fail("Failed to write", r);
         if (!run->follow)
             return 0;
-        if (written > 0 && run->linger_us > 0) {
-            written = 0;
-            linger(run->linger_us);
-            if ((r = sd_journal_process(run->j)) < 0)
-                return fail("Failed to process journal changes", r);
-            continue;
-        }
+        int lingering = written > 0 && run->linger_us > 0;
         written = 0;
-        r = wait_for_change(run->j);
-        if (r == -EPIPE)
-            return 0;
-        if (r < 0)
-            return fail("Failed to wait for changes", r);
+        if (sync_wanted == 0) {
+            r = lingering ? linger(run->j, run->linger_us) : wait_for_change(run->j, -1);
+            if (r == -EPIPE)
+                return 0;
+            if (r < 0)
+                return fail("Failed to wait for changes", r);
+        } else if ((r = sd_journal_process(run->j)) < 0) {
+            return fail("Failed to process journal changes", r);
+        }
+        /* A request that arrived before this pass begins is answered at its end. */
+        syncing = sync_wanted;
+        sync_wanted = 0;
     }
 }
 

@@ -178,11 +178,13 @@ class LineParser:
     the message), then the message bytes and a newline: one `split` per entry instead of a dict
     of KEY=VALUE lines, and no dict at all. An absent field is empty, so an empty field counts as
     absent here (`decode` would keep an empty UNIT=; no unit is named ""). A row with only a
-    cursor moves the checkpoint past entries of other units.
+    cursor moves the checkpoint past entries of other units; a row `#N` answers the parent's
+    sync request N (everything before it in the journal has been read): `synced` is the highest.
     """
 
     max_chars: int = 16384
     invalid: int = 0
+    synced: int = 0
     _buffer: bytes = b""
 
     def feed(self, chunk: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
@@ -198,7 +200,13 @@ class LineParser:
         while (newline := find(b"\n", pos)) >= 0:
             row = buf[pos:newline].split(b"\t")
             if len(row) != _LINE_COLUMNS or not (row[-1].isascii() and row[-1].isdigit()):
-                if len(row) == 1:  # a cursor-only record
+                if len(row) == 1 and row[0][:1] == b"#":  # a sync answer
+                    number = row[0][1:]
+                    if number.isascii() and number.isdigit():
+                        self.synced = max(self.synced, int(number))
+                    else:
+                        self.invalid += 1
+                elif len(row) == 1:  # a cursor-only record
                     last = row[0]
                     first = first or last
                 else:

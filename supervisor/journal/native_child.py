@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -44,10 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     from . import _sdjournal
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    # SIGUSR1 from the parent: look at the journal now. journald tells readers of new entries
-    # through a timer (up to 250 ms on systemd 252); the signal interrupts the wait (EINTR) and
-    # the loop reads what is already in the files. A gate waiting for its start uses it.
-    signal.signal(signal.SIGUSR1, lambda signum, frame: None)
     sys.stdout.flush()
     status: int = _sdjournal.stream(
         fields=[f.encode() for f in args.field],

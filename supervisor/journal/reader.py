@@ -193,6 +193,10 @@ class JournalctlReader:
         self._on_gap = on_gap or (lambda: None)
         self._process: asyncio.subprocess.Process | None = None
         self._refilter = False  # follow_units() asked for a restart of the child
+        # Sync requests to the native child (see `sync`): the last asked, the last answered.
+        self._sync_asked = 0
+        self._sync_answered = 0
+        self._synced = asyncio.Event()  # replaced (after being set) at each answer
 
     async def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
         """Entries in journal order, in batches; ends at EOF when not following, or on `stop`."""
@@ -230,12 +234,14 @@ class JournalctlReader:
             await self._pin_tail()
         argv = reader_argv(self.settings, self.cursor)
         self._argv = argv
+        native = resolve_source(self.settings.source) == "native"
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                stdin=asyncio.subprocess.DEVNULL,
+                # The native child takes sync requests on its stdin.
+                stdin=asyncio.subprocess.PIPE if native else asyncio.subprocess.DEVNULL,
                 limit=READ_SIZE,  # buffer up to 2 MiB before pausing the pipe (default 128 KiB)
             )
         except OSError as exc:
@@ -280,12 +286,15 @@ class JournalctlReader:
                     elif not inclusive and entries and entries[0].cursor == expected:
                         entries = entries[1:]
                     expected = None
-                if first is None:
-                    continue
                 if last is not None:
                     # Entries of other units still move the checkpoint forward.
                     self.cursor = last.decode("ascii", "replace")
-                yield entries
+                if first is not None:
+                    yield entries  # handled by the caller before the sync answer counts
+                if isinstance(decoder, LineParser) and decoder.synced > self._sync_answered:
+                    self._sync_answered = decoder.synced
+                    synced, self._synced = self._synced, asyncio.Event()
+                    synced.set()
         finally:
             stopper.cancel()
 
@@ -360,16 +369,36 @@ class JournalctlReader:
         if not self.settings.follow:
             raise JournalError(f"journalctl failed: {message}")
 
-    def kick(self) -> None:
+    def kick(self) -> int | None:
         """Have the native child read the journal now, not at journald's next change
-        notification (coalesced by a timer of up to 250 ms on systemd 252). journalctl has
-        no such signal: with it this does nothing."""
+        notification (coalesced by a timer of up to 250 ms on systemd 252): a sync request.
+
+        Returns its number (see `sync`), or None when no native child runs to ask (journalctl
+        takes no requests)."""
         process = self._process
-        if process is None or process.returncode is not None:
-            return
-        if resolve_source(self.settings.source) == "native":
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGUSR1)
+        if process is None or process.returncode is not None or process.stdin is None:
+            return None
+        self._sync_asked += 1
+        try:
+            process.stdin.write(b"%d\n" % self._sync_asked)
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return None  # the child is exiting; its restart reads from the cursor anyway
+        return self._sync_asked
+
+    async def sync(self, timeout_s: float) -> bool:
+        """Wait until everything in the journal files before now has been read and handed to
+        the caller (its batches handled). False without a native child, or after `timeout_s`."""
+        number = self.kick()
+        if number is None:
+            return False
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._sync_answered < number:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._synced.wait(), remaining)
+        return True
 
     def follow_units(self, units: tuple[str, ...]) -> None:
         """Follow another set of units from the next entry on (a reloaded config).

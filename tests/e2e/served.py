@@ -11,6 +11,7 @@ test Python lives under /root, which the unit's ProtectHome=yes hides.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -84,6 +85,13 @@ ENGINE_DEAD = "EngineDeadError"
 @pytest.fixture
 def container(tmp_path: Path) -> Iterator[Container]:
     """A booted container with the shipped deploy files installed."""
+    with deployed_container(tmp_path) as booted:
+        yield booted
+
+
+@contextlib.contextmanager
+def deployed_container(tmp_path: Path) -> Iterator[Container]:
+    """Boot a container with the shipped deploy files (also used by `bench.exit_latency`)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     wrapper = bindir / "vllm-supervisor"

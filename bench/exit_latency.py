@@ -1,0 +1,78 @@
+"""Exit to quarantine under a real systemd 252: how long a fatal crash runs before it is halted.
+
+`python -m bench.exit_latency [--crashes N]` boots the end-to-end tests' container
+(tests/e2e/served.py: the shipped supervisor unit, gate drop-in and polkit rule, systemd 252 in
+systemd-nspawn), makes the served unit print the seed flashinfer crash and exit 1 under
+`Restart=always` with systemd's default `RestartSec=100ms`, and N times: starts it, waits for the
+quarantine record, releases it. Per crash: the quarantine file's mtime minus the
+`__REALTIME_TIMESTAMP` of PID 1's "Main process exited" entry of the quarantined invocation
+(both clocks are the host's: the container shares its kernel). Needs root and systemd-nspawn,
+like `pytest -m nspawn`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.live import percentile
+
+E2E = Path(__file__).resolve().parent.parent / "tests" / "e2e"
+
+
+def measure_exit_latency(crashes: int) -> dict[str, Any]:
+    """Boot, crash `crashes` times, return the exit -> quarantine figures (milliseconds)."""
+    sys.path.insert(0, str(E2E))  # the e2e tests' container, reused as is
+    from nspawn import wait_for
+    from served import (
+        SEED_LOG,
+        UNIT,
+        deployed_container,
+        halt_latency,
+        install_served_unit,
+        quarantined,
+        settled,
+        start_supervisor,
+    )
+
+    samples: list[float] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="vllm-supervisor-exit-") as tmp,
+        deployed_container(Path(tmp)) as box,
+    ):
+        install_served_unit(box, SEED_LOG, "100ms")
+        start_supervisor(box)
+        for _ in range(crashes):
+            box.systemctl("start", "--no-block", UNIT)
+            wait_for(lambda: quarantined(box), timeout=30, what="the quarantine record")
+            wait_for(lambda: settled(box), timeout=30, what="the served unit to stay down")
+            to_record, _ = halt_latency(box)
+            samples.append(to_record * 1000)
+            box.run("vllm-supervisor", "release", UNIT)
+            wait_for(lambda: not quarantined(box), timeout=10, what="the release")
+    return {
+        "crashes": len(samples),
+        "exit_to_quarantine_ms_p50": statistics.median(samples),
+        "exit_to_quarantine_ms_p99": percentile(samples, 0.99),
+        "exit_to_quarantine_ms_min": min(samples),
+        "exit_to_quarantine_ms_max": max(samples),
+        "samples_ms": [round(s, 1) for s in samples],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.exit_latency", description=__doc__)
+    parser.add_argument("--crashes", type=int, default=20)
+    args = parser.parse_args(argv)
+    result = measure_exit_latency(args.crashes)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
