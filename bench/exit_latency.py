@@ -55,7 +55,14 @@ def measure_exit_latency(crashes: int) -> dict[str, Any]:
             samples.append(to_record * 1000)
             box.run("vllm-supervisor", "release", UNIT)
             wait_for(lambda: not quarantined(box), timeout=10, what="the release")
+        # Whatever the daemon could not use (the bus watch, the stream probe) says why here.
+        warnings = [
+            entry.get("EVENT")
+            for entry in box.journal("-u", "vllm-supervisor.service", "-p", "warning")
+            if entry.get("EVENT")
+        ]
     return {
+        "supervisor_warnings": warnings,
         "crashes": len(samples),
         "exit_to_quarantine_ms_p50": statistics.median(samples),
         "exit_to_quarantine_ms_p99": percentile(samples, 0.99),

@@ -24,6 +24,7 @@ from .actions.quarantine import (
 )
 from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
+from .actions.unitwatch import UnitWatch
 from .classify.table import load_table
 from .config import Config, parse_listen, resolve_webhook
 from .daemon import Daemon, supervised_machine_id
@@ -95,6 +96,16 @@ async def _run(
         gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
     )
     hangs = HangWatcher(config, systemd=control)
+    watches: list[UnitWatch] = []
+    if control is not None:
+        # A state change of a supervised unit: read the journal now (see actions.unitwatch).
+        watches.append(
+            UnitWatch(
+                control,
+                units=lambda: [u.name for u in daemon.config.units],
+                changed=lambda unit: daemon.unit_changed(unit),
+            )
+        )
     recorder = DriftRecorder(
         config,
         EnvironmentLog(store),
@@ -122,7 +133,12 @@ async def _run(
         reporter=notifier,
         load_config=reload_config,
         hooks=[hangs, recorder, ports],
-        tasks=[recorder.run, _watchdog(notifier), *(s.run for s in sinks)],
+        tasks=[
+            recorder.run,
+            _watchdog(notifier),
+            *(s.run for s in sinks),
+            *(w.run for w in watches),
+        ],
         wakers=[s.wake for s in sinks],
         sources=[hangs],
         drift=recorder.changes,

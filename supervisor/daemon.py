@@ -38,6 +38,7 @@ from .journal.reader import (
     cursor_realtime_us,
     resolve_source,
 )
+from .journal.streams import count_streams
 from .journal.writer import local_boot_id, local_machine_id
 from .model import Ending, Invocation, JournalEntry, Outcome, Taken
 from .pipeline import Pipeline
@@ -52,6 +53,11 @@ log = structlog.get_logger(__name__)
 
 COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
 GATE_KICK_S = 0.01
+# While journald still reads a dead process's stream, the settle loop looks again this often.
+DRAIN_POLL_S = 0.005
+# After systemd announced a state change, the reader looks at these offsets: PID 1's own log
+# lines about it can reach the journal files a little after the bus signal.
+LOOK_AFTER_CHANGE_S = (0.0, 0.005, 0.02, 0.05, 0.1)
 # After SIGTERM, the daemon's own tasks get this long to finish; app.close_within gets
 # CLOSE_BUDGET_S for the sockets and the bus: together well inside TimeoutStopSec=20s.
 SHUTDOWN_GRACE_S = 10.0  # while a gate waits for its start to be read, the reader looks this often
@@ -136,6 +142,10 @@ class Daemon:
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
         self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
+        # Ended invocations of this host are decided once journald has written their processes'
+        # last lines and the reader has read them (journal.streams), not after the whole
+        # settle window: only the system journal's own journald can be asked.
+        self._settle_early = config.journal.directory is None and self.reader.can_sync
         self._committed_at = 0.0  # time.monotonic() of the last successful commit
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
@@ -264,7 +274,7 @@ class Daemon:
                 log.error("history_note_failed", unit=notice.unit, error=str(exc))
 
     async def _settle(self, stop: asyncio.Event) -> None:
-        """Decide ended invocations once their late-line window has passed.
+        """Decide ended invocations once their late lines are read, or their window passed.
 
         A later entry decides them too (see InvocationTracker.feed); this covers the quiet
         journal after a crash, where no later entry comes. A new batch can move a deadline
@@ -278,6 +288,10 @@ class Daemon:
                 continue
             delay = deadline - time.monotonic()
             if delay > 0:
+                if self._settle_early and self.pipeline.tracker.settling_on(self.machine_id):
+                    if await self._decide_drained(delay):
+                        continue
+                    delay = min(delay, DRAIN_POLL_S)
                 await first_of(self._ending.wait(), stop.wait(), at_most_s=delay)
                 continue
             async with self.lock:
@@ -285,6 +299,38 @@ class Daemon:
                 if outcomes:
                     await self.handle_outcomes(outcomes)
                 self._signal_progress()
+
+    async def _decide_drained(self, within_s: float) -> bool:
+        """Decide this host's ended invocations if journald has written every line of the dead
+        processes (no stdout stream is left half closed) and the reader has read up to now.
+        False when that is not known yet: the caller looks again, or the window decides."""
+        asked = time.monotonic()
+        try:
+            streams = count_streams()
+        except OSError as exc:
+            self._settle_early = False
+            log.warning(
+                "settle_probe_unavailable",
+                error=f"cannot list journald's stdout streams: {exc}",
+                action="ended runs wait settle_s for their late lines",
+            )
+            return False
+        if not streams.listening:
+            self._settle_early = False
+            log.warning(
+                "settle_probe_unavailable",
+                error="journald's stdout socket is not visible (another network namespace?)",
+                action="ended runs wait settle_s for their late lines",
+            )
+            return False
+        if streams.dying or not await self.reader.sync(within_s):
+            return False
+        async with self.lock:
+            outcomes = self.pipeline.flush_drained(self.machine_id, asked)
+            if outcomes:
+                await self.handle_outcomes(outcomes)
+            self._signal_progress()
+        return bool(outcomes)
 
     async def gate_answer(
         self, unit: str, invocation_id: str | None, wait_s: float
@@ -320,6 +366,13 @@ class Daemon:
             self.notifier.wake()
         for wake in self.wakers:
             wake()
+
+    def unit_changed(self, unit: str) -> None:
+        """systemd announced a state change of `unit`: read the journal now and a few times
+        soon after (timers only, no task), instead of at journald's next notification."""
+        loop = asyncio.get_running_loop()
+        for delay in LOOK_AFTER_CHANGE_S:
+            loop.call_later(delay, self.reader.kick)
 
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""

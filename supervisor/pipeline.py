@@ -107,6 +107,11 @@ class Pipeline:
         """Decide the ended invocations whose late-line window has passed (a quiet journal)."""
         return [self.decide(inv) for inv in self.tracker.flush_quiet()]
 
+    def flush_drained(self, host: str, read_before: float) -> list[Outcome]:
+        """Decide `host`'s ended invocations whose late lines are known to be read (the daemon
+        asked journald's streams and the reader; see InvocationTracker.flush_drained)."""
+        return [self.decide(inv) for inv in self.tracker.flush_drained(host, read_before)]
+
     def finish(self) -> list[Outcome]:
         """End every open invocation (the end of a saved journal) and decide about each."""
         return [self.decide(inv) for inv in self.tracker.close_all()]

@@ -131,6 +131,25 @@ class SystemdClient:
         commands = service.get("ExecStart") or []
         return [str(arg) for arg in commands[0][1]] if commands else []
 
+    async def subscribe(self) -> None:
+        """Ask systemd to announce unit changes on the bus (Manager.Subscribe: unprivileged)."""
+        await self._call(MANAGER_PATH, MANAGER_IFACE, "Subscribe", "", [])
+
+    async def call_bus(self, member: str, signature: str, body: list[Any]) -> list[Any]:
+        """A method of the bus daemon itself (e.g. AddMatch)."""
+        return await self._call(
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            member,
+            signature,
+            body,
+            destination="org.freedesktop.DBus",
+        )
+
+    async def connected(self) -> MessageBus:
+        """The open bus connection (connecting first if needed)."""
+        return await self._connected()
+
     async def _unit_path(self, unit: str) -> str:
         # LoadUnit (unlike GetUnit) also answers for a unit that is not loaded right now, e.g.
         # a stopped service that systemd garbage-collected.

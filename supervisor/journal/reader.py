@@ -385,6 +385,11 @@ class JournalctlReader:
             return None  # the child is exiting; its restart reads from the cursor anyway
         return self._sync_asked
 
+    @property
+    def can_sync(self) -> bool:
+        """Does this reader's child take sync requests (the native one does)?"""
+        return resolve_source(self.settings.source) == "native"
+
     async def sync(self, timeout_s: float) -> bool:
         """Wait until everything in the journal files before now has been read and handed to
         the caller (its batches handled). False without a native child, or after `timeout_s`."""

@@ -175,6 +175,7 @@ class _Builder:
     ended_us: int | None = None
     deadline_us: int | None = None  # journal time after which it is decided (once ended)
     read_deadline: float | None = None  # the same, in the reader's clock (a quiet journal)
+    end_read: float | None = None  # when its end was read (reader's clock)
     last_cursor: str | None = None
     last_us: int = 0
     pids: set[int] = field(default_factory=set)
@@ -473,8 +474,9 @@ class InvocationTracker:
             # Those that ended before it are returned first: decisions stay in journal order.
             earlier = [self._close(track, b) for b in list(track.settling.values())]
             return [*earlier, self._close(track, builder)]
+        builder.end_read = self._clock()
         builder.deadline_us = entry.realtime_us + self._settle_us
-        builder.read_deadline = self._clock() + self.caps.settle_s
+        builder.read_deadline = builder.end_read + self.caps.settle_s
         track.settling[builder.invocation_id] = builder
         self._settling += 1
         return []
@@ -667,6 +669,28 @@ class InvocationTracker:
             due = [b for b in track.settling.values() if (b.read_deadline or 0.0) <= now]
             ended += [self._close(track, b) for b in due]
         return ended
+
+    def flush_drained(self, host: str, read_before: float) -> list[Invocation]:
+        """Ended invocations of `host` whose end was read before `read_before` (reader's
+        clock), decided before their window ends: the caller knows that every line their
+        processes printed had reached the journal by then and has been read since."""
+        ended: list[Invocation] = []
+        for (track_host, _), track in self._tracks.items():
+            if track_host != host:
+                continue
+            due = [
+                b
+                for b in track.settling.values()
+                if b.end_read is not None and b.end_read <= read_before
+            ]
+            ended += [self._close(track, b) for b in due]
+        return ended
+
+    def settling_on(self, host: str) -> bool:
+        """Does an ended invocation of `host` wait for late lines?"""
+        return any(
+            track.settling for (track_host, _), track in self._tracks.items() if track_host == host
+        )
 
     def next_deadline(self) -> float | None:
         """When the next ended invocation becomes ready (reader's clock), if any is waiting."""
