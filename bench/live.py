@@ -172,6 +172,7 @@ async def _follow(root: Path) -> dict[str, Any]:
     )
     from vllm_supervisor.daemon import Daemon
     from vllm_supervisor.model import JournalEntry, Outcome
+    from vllm_supervisor.telemetry.metrics import Metrics
 
     config = Config(
         units=(UnitConfig(name=UNIT),),
@@ -185,6 +186,7 @@ async def _follow(root: Path) -> dict[str, Any]:
     built: list[Daemon] = []
     was_built = asyncio.Event()
     batches: list[int] = []  # entries per handled batch
+    loop_lags: list[float] = []  # the daemon's own event-loop lag samples (ms)
     handle_batch = Daemon.handle_batch
     init = Daemon.__init__
 
@@ -201,9 +203,9 @@ async def _follow(root: Path) -> dict[str, Any]:
         lags.extend((now - e.realtime_us / 1e6) * 1000 for e in batch)
         return outcomes
 
-    def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
+    async def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
         # Decided in a batch or by the settle loop, every outcome is committed here.
-        commit(self, outcomes, force=force)
+        await commit(self, outcomes, force=force)
         now = time.time()
         crash_ms.extend(
             (now - (o.invocation.ended_us or 0) / 1e6) * 1000
@@ -211,7 +213,13 @@ async def _follow(root: Path) -> dict[str, Any]:
             if o.invocation.failed
         )
 
+    def lagging(self: Metrics, seconds: float) -> None:
+        loop_lag(self, seconds)
+        loop_lags.append(seconds * 1000)
+
     commit = Daemon._commit
+    loop_lag = Metrics.loop_lag
+    Metrics.loop_lag = lagging  # type: ignore[method-assign]
     Daemon.__init__ = noting_init  # type: ignore[method-assign]
     Daemon.handle_batch = timed  # type: ignore[method-assign]
     Daemon._commit = committing  # type: ignore[method-assign]
@@ -236,6 +244,10 @@ async def _follow(root: Path) -> dict[str, Any]:
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "lags_ms": lags,
         "crash_ms": crash_ms,
+        "loop_lag_ms_p50": percentile(loop_lags, 0.5),
+        "loop_lag_ms_p99": percentile(loop_lags, 0.99),
+        "loop_lag_ms_max": max(loop_lags, default=0.0),
+        "loop_lag_samples": len(loop_lags),
     }
 
 

@@ -44,6 +44,7 @@ from .model import Ending, Invocation, JournalEntry, Outcome, Taken
 from .pipeline import Pipeline
 from .seams import BatchHook, DriftLookup, Notifying, OutcomeSource, StatusReporter, Task
 from .store import Checkpoint, Store
+from .telemetry.looplag import LoopLag
 from .telemetry.metrics import Metrics
 from .track.tracker import SuppressionNotice
 from .util.aio import first_of
@@ -147,6 +148,7 @@ class Daemon:
         # settle window: only the system journal's own journald can be asked.
         self._settle_early = config.journal.directory is None and self.reader.can_sync
         self._committed_at = 0.0  # time.monotonic() of the last successful commit
+        self.loop_lag = LoopLag(metrics.loop_lag)
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
         log.debug("daemon_built", machine_id=self.machine_id, boot_id=self.boot_id)
@@ -197,6 +199,7 @@ class Daemon:
                 await self._follow(stop)
             finally:
                 stop.set()
+                self.loop_lag.stop()
         log.info("supervisor_stopped", entries=self.state.entries, outcomes=self.state.outcomes)
 
     async def _bound_shutdown(self, stop: asyncio.Event, tasks: list[asyncio.Task[None]]) -> None:
@@ -220,7 +223,7 @@ class Daemon:
     async def _follow(self, stop: asyncio.Event) -> None:
         async for batch in self.reader.batches(stop):
             await self.handle_batch(batch)
-        self._commit([], force=True)
+        await self._commit([], force=True)
 
     async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
         """Track, decide, act and checkpoint one batch of entries."""
@@ -229,6 +232,7 @@ class Daemon:
 
     async def _handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
         received = time.time()
+        self.loop_lag.poke()
         batch = self._skip_replayed(batch)
         for hook in self.hooks:
             batch = hook.entries(batch)
@@ -238,9 +242,9 @@ class Daemon:
         if batch:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
         outcomes = [await self._act(outcome) for outcome in outcomes]
-        self._commit(outcomes)
+        await self._commit(outcomes)
         _say_backlog(outcomes)
-        self._notices(self.pipeline.tracker.take_notices())
+        await self._notices(self.pipeline.tracker.take_notices())
         if outcomes:
             self._wake_sinks()
         if self.pipeline.tracker.next_deadline() is not None:
@@ -253,7 +257,7 @@ class Daemon:
         progress, self._progress = self._progress, asyncio.Event()
         progress.set()
 
-    def _notices(self, notices: list[SuppressionNotice]) -> None:
+    async def _notices(self, notices: list[SuppressionNotice]) -> None:
         """journald said, late, that it dropped lines of invocations already decided."""
         for notice in notices:
             self.metrics.lines_suppressed(notice.unit, notice.dropped)
@@ -269,7 +273,9 @@ class Daemon:
                 action="noted in history; decisions already made stand",
             )
             try:
-                self.store.add_note(notice.unit, notice.invocation_ids, note)
+                await asyncio.to_thread(
+                    self.store.add_note, notice.unit, notice.invocation_ids, note
+                )
             except StateError as exc:
                 log.error("history_note_failed", unit=notice.unit, error=str(exc))
 
@@ -409,9 +415,10 @@ class Daemon:
         """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`.
 
         Returns them as recorded (what the actor did)."""
+        self.loop_lag.poke()
         outcomes = await self._enrich(outcomes)
         outcomes = [await self._act(outcome) for outcome in outcomes]
-        self._commit(outcomes)
+        await self._commit(outcomes)
         if outcomes:
             self._wake_sinks()
         return outcomes
@@ -504,7 +511,7 @@ class Daemon:
             newer_served=newer is not None and newer.served,
         )
 
-    def _commit(self, outcomes: list[Outcome], *, force: bool = False) -> None:
+    async def _commit(self, outcomes: list[Outcome], *, force: bool = False) -> None:
         self.state.pending += outcomes
         if self._replay_until is not None:
             return  # the saved cursor still stands until the replay passes it
@@ -523,9 +530,13 @@ class Daemon:
             cursor=self.reader.cursor, replay_from=self.pipeline.tracker.replay_from()
         )
         try:
-            self.store.commit_batch(
+            # In a worker thread: SQLite's fsync (synchronous=FULL) on a slow disk must not
+            # stall the watchdog, the gates or the hang detector. Callers hold `lock`, so the
+            # state this reads does not change meanwhile.
+            await asyncio.to_thread(
+                self.store.commit_batch,
                 checkpoint=checkpoint,
-                outcomes=self.state.pending,
+                outcomes=list(self.state.pending),
                 unit_states=self.pipeline.policy.state(),
                 extra=writers,
             )
@@ -557,7 +568,7 @@ class Daemon:
             async with self.lock:
                 self._cursor_behind.clear()
                 if self.reader.cursor != self.checkpoint.cursor:
-                    self._commit([], force=True)
+                    await self._commit([], force=True)
 
     def _commit_failed(self, exc: StateError) -> None:
         """Keep classifying, halting and alerting; hold the batch and retry its commit.
@@ -595,7 +606,7 @@ class Daemon:
             async with self.lock:
                 if self.state.commit_error is not None and not stop.is_set():
                     had = bool(self.state.pending)
-                    self._commit([])
+                    await self._commit([])
                     if had:
                         self._wake_sinks()
 
@@ -617,8 +628,10 @@ class Daemon:
             await first_of(reload.wait(), stop.wait())
             if reload.is_set():
                 reload.clear()
-                async with self.lock:
-                    self.reload()
+                loaded = await asyncio.to_thread(self._load_new)  # file reads, off the loop
+                if loaded is not None:
+                    async with self.lock:
+                        self._apply(*loaded)
 
     def reload(self) -> None:
         """SIGHUP: read the config and its signature table again and apply what can change
@@ -626,15 +639,23 @@ class Daemon:
 
         A config or table that fails to load changes nothing: the old one stays.
         """
+        loaded = self._load_new()
+        if loaded is not None:
+            self._apply(*loaded)
+
+    def _load_new(self) -> tuple[Config, SignatureTable] | None:
+        """The config and table on disk now; None (logged) when they do not load."""
         if self._load_config is None:
-            return
+            return None
         try:
             config = self._load_config()
-            table = load_table(config)
+            return config, load_table(config)
         except SupervisorError as exc:
             self.metrics.signature_table([s.id for s in self.pipeline.table.signatures], False)
             log.error("config_reload_failed", error=str(exc), action="kept the running config")
-            return
+            return None
+
+    def _apply(self, config: Config, table: SignatureTable) -> None:
         needs_restart = restart_only_changes(self.config, config)
         added = sorted({u.name for u in config.units} - {u.name for u in self.config.units})
         removed = sorted({u.name for u in self.config.units} - {u.name for u in config.units})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -66,7 +67,12 @@ class Store:
             for suffix in ("", "-wal", "-shm"):
                 if not suffix or Path(f"{path}{suffix}").exists():
                     private_file(Path(f"{path}{suffix}"))
-            self.connection = sqlite3.connect(path, isolation_level=None, timeout=10)
+            # The daemon commits from a worker thread (a slow fsync must not stall the event
+            # loop); every use of the connection holds `lock`, so uses never interleave.
+            self.connection = sqlite3.connect(
+                path, isolation_level=None, timeout=10, check_same_thread=False
+            )
+            self.lock = threading.RLock()
             self.connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed cursor survives power loss, not only a crash of the process.
             self.connection.execute("PRAGMA synchronous=FULL")
@@ -119,11 +125,16 @@ class Store:
 
     def close(self) -> None:
         """Close the connection."""
-        self.connection.close()
+        with self.lock:
+            self.connection.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write; errors become `StateError`."""
+        with self.lock:
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         try:
             self.connection.execute("BEGIN IMMEDIATE")
             try:
@@ -139,12 +150,12 @@ class Store:
 
     def load_checkpoint(self) -> Checkpoint:
         """The saved checkpoint, or an empty one."""
-        rows = dict(self._query("SELECT key, value FROM meta WHERE key IN ('cursor','replay')"))
+        rows = dict(self.query("SELECT key, value FROM meta WHERE key IN ('cursor','replay')"))
         return Checkpoint(cursor=rows.get("cursor"), replay_from=rows.get("replay"))
 
     def load_unit_states(self) -> dict[str, dict[str, Any]]:
         """The policy's saved memory per unit."""
-        return {u: json.loads(s) for u, s in self._query("SELECT unit, state FROM unit_state")}
+        return {u: json.loads(s) for u, s in self.query("SELECT unit, state FROM unit_state")}
 
     def commit_batch(
         self,
@@ -198,18 +209,20 @@ class Store:
             sql += " WHERE unit = ?"
             args = (unit,)
         result = []
-        for when, outcome, notified in self._query(sql + " ORDER BY id", args):
+        for when, outcome, notified in self.query(sql + " ORDER BY id", args):
             item = json.loads(outcome)
             item["time"] = datetime.fromtimestamp(when, UTC).isoformat()
             item["notified"] = bool(notified)
             result.append(item)
         return result
 
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        try:
-            return self.connection.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self.path}: read failed: {exc}") from exc
+    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of a read; errors become `StateError`."""
+        with self.lock:
+            try:
+                return self.connection.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StateError(f"{self.path}: read failed: {exc}") from exc
 
 
 def mark_notified(

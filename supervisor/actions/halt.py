@@ -96,7 +96,7 @@ class Halter:
         """
         start = self._clock()
         standing = self._standing(unit, outcome)
-        path, q_error = self._write_record(unit, quarantine_record(outcome, standing))
+        path, q_error = await self._write_record(unit, quarantine_record(outcome, standing))
         stopped, job, error = await self._stop(unit) if stop else (True, None, None)
         return HaltResult(
             repeat_of=None if standing is None else standing.get("invocation_id"),
@@ -138,9 +138,11 @@ class Halter:
             return None
         return record
 
-    def _write_record(self, unit: str, record: dict[str, Any]) -> tuple[Path | None, str | None]:
+    async def _write_record(
+        self, unit: str, record: dict[str, Any]
+    ) -> tuple[Path | None, str | None]:
         try:
-            return self._quarantine.write(unit, record), None
+            return await self._quarantine.write_async(unit, record), None
         except OSError as exc:
             # Stopping is still worth doing: it cancels the pending restart on its own.
             _log.error("quarantine_write_failed", unit=unit, error=str(exc))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+import aiofiles.os
 import structlog
 
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
@@ -76,6 +77,11 @@ class Quarantine:
             raise
         self._fsync_directory()
         return target
+
+    async def write_async(self, unit: str, record: dict[str, Any]) -> Path:
+        """`write` from the event loop: its fsyncs run in aiofiles' worker thread, so a slow
+        disk delays this halt only, not the watchdog, the gates or another unit's halt."""
+        return await aiofiles.os.wrap(self.write)(unit, record)
 
     def read(self, unit: str) -> dict[str, Any] | None:
         """The record of `unit`; None when it is not quarantined.

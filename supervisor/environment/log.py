@@ -118,10 +118,7 @@ class EnvironmentLog:
         return diff(base, this)
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
-        try:
-            return self.store.connection.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self.store.path}: read failed: {exc}") from exc
+        return self.store.query(sql, args)
 
 
 # Keep a unit's newest `keep` rows and its newest good row; delete the rest.

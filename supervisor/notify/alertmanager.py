@@ -161,9 +161,10 @@ class AlertmanagerSink:
 
     def _sent(self) -> dict[str, dict[str, str]]:
         try:
-            rows = self._store.connection.execute(
-                "SELECT unit, labels FROM alert_firing"
-            ).fetchall()
+            with self._store.lock:
+                rows = self._store.connection.execute(
+                    "SELECT unit, labels FROM alert_firing"
+                ).fetchall()
         except sqlite3.Error as exc:
             raise StateError(f"{self._store.path}: cannot read the alert table: {exc}") from exc
         return {str(unit): json.loads(labels) for unit, labels in rows}

@@ -230,7 +230,8 @@ class OutboxQueue:
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> Any:
         try:
-            return self._store.connection.execute(sql, args).fetchone()
+            with self._store.lock:
+                return self._store.connection.execute(sql, args).fetchone()
         except sqlite3.Error as exc:
             raise StateError(f"{self._store.path}: cannot read the outbox: {exc}") from exc
 

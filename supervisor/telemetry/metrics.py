@@ -63,6 +63,7 @@ _REASON = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 _UNIT = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
 _SIGNATURE = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 
+_LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _CLASSIFY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -158,6 +159,13 @@ class Metrics:
         self._halts = self._counter("halts_total", "Units halted.", ["unit", "reason"])
         self._halt_failures = self._counter(
             "halt_failures_total", "Halts that failed.", ["unit", "reason"]
+        )
+        self._loop_lag = Histogram(
+            PREFIX + "event_loop_lag_seconds",
+            "How late the event loop ran a timer while the daemon was busy (sampled every "
+            "25 ms for a second after each batch): what a blocking call costs everything else.",
+            buckets=_LOOP_LAG_BUCKETS,
+            registry=self.registry,
         )
         self._halt_latency = Histogram(
             PREFIX + "halt_latency_seconds",
@@ -275,6 +283,10 @@ class Metrics:
     def entries_read(self, count: int) -> None:
         """Count journal entries read."""
         self._entries.inc(count)
+
+    def loop_lag(self, seconds: float) -> None:
+        """Record one event-loop lag sample."""
+        self._loop_lag.observe(max(0.0, seconds))
 
     def journal_lag(self, seconds: float) -> None:
         """Record how far behind the journal's newest entry the reader is."""

@@ -1,0 +1,78 @@
+"""Nothing blocks the event loop: the lag probe sees a blocking call; a slow commit is none."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from conftest import poll
+
+from vllm_supervisor.classify.table import load_table
+from vllm_supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
+from vllm_supervisor.daemon import Daemon
+from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry import looplag
+from vllm_supervisor.telemetry.looplag import LoopLag
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
+
+SLOW_COMMIT_S = 0.3
+
+
+class TestLoopLag:
+    async def test_a_blocking_call_shows_as_lag_and_idle_samples_nothing(self) -> None:
+        """A call that holds the loop 200 ms shows as one sample of at least 200 ms less one
+        interval; a second after the last poke the probe stops: an idle daemon has no timer."""
+        samples: list[float] = []
+        lag = LoopLag(samples.append)
+        lag.poke()
+        await poll(lambda: len(samples) >= 2, within=5)
+        time.sleep(0.2)  # noqa: ASYNC251 - the blocking call under test, on the loop on purpose
+        await poll(lambda: max(samples) >= 0.2 - looplag.INTERVAL_S - 0.01, within=5)
+        await poll(lambda: not lag.sampling, within=looplag.BUSY_FOR_S + 5)
+        count = len(samples)
+        await asyncio.sleep(3 * looplag.INTERVAL_S)  # a span in which an idle probe would tick
+        assert len(samples) == count
+
+
+async def test_a_slow_commit_does_not_stall_the_loop(tmp_path: Path) -> None:
+    """A state commit that takes 300 ms (a slow disk's fsync) runs in a worker thread: the
+    loop's lag stays far below it while the crash is recorded."""
+    config = demo_config(tmp_path)
+    store = Store.in_directory(config.state.state_dir)
+    commit_batch = store.commit_batch
+    slow: list[float] = []
+
+    def slow_disk(**kwargs: object) -> None:
+        started = time.monotonic()
+        time.sleep(SLOW_COMMIT_S)  # the slow fsync being simulated, in the commit's thread
+        commit_batch(**kwargs)  # type: ignore[arg-type]
+        slow.append(time.monotonic() - started)
+
+    store.commit_batch = slow_disk  # type: ignore[method-assign]
+    metrics = Metrics(new_registry(process=False))
+    samples: list[float] = []
+    record = metrics.loop_lag
+
+    def noting(seconds: float) -> None:
+        samples.append(seconds)
+        record(seconds)
+
+    metrics.loop_lag = noting  # type: ignore[method-assign]
+    daemon = Daemon(config, load_table(config), store=store, metrics=metrics)
+    crash = crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1, invocation_id=uuid.uuid4().hex)
+    stop = asyncio.Event()
+    with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]
+        writer.write(crash)
+        task = asyncio.create_task(daemon.run(stop))
+        try:
+            await poll(lambda: len(store.history()) == 1, within=20, each=writer.nudge)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+    store.close()
+    assert slow and max(slow) >= SLOW_COMMIT_S
+    assert samples, "the probe sampled while the batch was handled"
+    assert max(samples) < SLOW_COMMIT_S / 3, samples
