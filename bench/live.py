@@ -99,6 +99,86 @@ def measure_live(rate: int, seconds: float, follower: str = SUPERVISOR) -> dict[
     }
 
 
+def measure_idle(seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
+    """`follower` on a journal nobody writes to: its wake-ups per second and its memory.
+
+    Wake-ups are context switches (voluntary + involuntary, every thread) of the follower and
+    of its children over `seconds`, counted after a settling second; memory is VmRSS and
+    RssAnon of the follower (and, apart, of its reader child) at the end."""
+    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-idle-") as tmp:
+        root = Path(tmp)
+        remote = start_remote(root / "journal")
+        assert remote.stdin is not None
+        encoder = Encoder(start_us=_now_us(), step_us=1)
+        started = lifecycle(UNIT, uuid.uuid4().hex, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.")
+        remote.stdin.write(encoder.entry(started, now_us=_now_us()))
+        remote.stdin.flush()
+        _wait_for_file(root / "journal")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.live", str(root), follower],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        try:
+            assert process.stdout is not None
+            while (line := process.stdout.readline()) and line.strip() != b"ready":
+                pass
+            # The start's own work ends: imports, the tail, the first read, its checkpoint.
+            time.sleep(3.0)
+            before = _switches(process.pid)
+            time.sleep(seconds)  # the idle window being measured
+            after = _switches(process.pid)
+            memory = {key: _status_kb(process.pid, key) for key in ("VmRSS", "RssAnon")}
+            children = _children(process.pid)
+            child_rss = sum(_status_kb(pid, "VmRSS") for pid in children)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=60)
+            finish_remote(remote)
+    return {
+        "follower": follower,
+        "seconds": seconds,
+        "wakeups_per_s": (after - before) / seconds,
+        "rss_mb": memory["VmRSS"] / 1024,
+        "rss_anon_mb": memory["RssAnon"] / 1024,
+        "child_rss_mb": child_rss / 1024,
+    }
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _switches(pid: int) -> int:
+    """Context switches of every thread of `pid` and of its children (their wake-ups)."""
+    total = 0
+    for process in (pid, *_children(pid)):
+        for task in Path(f"/proc/{process}/task").glob("*"):
+            try:
+                status = (task / "status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def _status_kb(pid: int, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _now_us() -> int:
     return int(time.time() * 1e6)
 

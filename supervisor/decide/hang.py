@@ -67,7 +67,6 @@ _ENDING = frozenset(
 )
 HEALTH_TIMEOUT_S = 5.0
 RETRY_S = 5.0  # a confirmation that could not be made (systemd did not answer) is retried
-MAX_WAIT_S = 60.0  # the watcher never sleeps longer than this between checks
 _HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignored, per daemon
 
 
@@ -217,8 +216,10 @@ class HangWatcher:
                 await self.check(unit, supervision)
 
     async def _sleep(self, stop: asyncio.Event) -> None:
+        # No death line noted: sleep until `entries` notes one (it sets `_wake`); an idle
+        # daemon has no timer of its own.
         due = self.detector.next_due()
-        wait = MAX_WAIT_S if due is None else min(MAX_WAIT_S, max(0.0, due - self._clock()))
+        wait = None if due is None else max(0.0, due - self._clock())
         self._wake.clear()
         await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
 
