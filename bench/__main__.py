@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.generate import UNIT, journal_for
-from bench.ingest import MODES
+from bench.ingest import MODES, PEER_MODES
+from bench.peers import PEERS, available
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.json"
 LABELS = {
@@ -30,6 +31,14 @@ LABELS = {
     "export": "ceiling: journalctl -o export > /dev/null",
     "export_fields": "ceiling: same, with our --output-fields",
     "native": "ceiling: native reader child > /dev/null",
+    "python_systemd": "peer: python-systemd Reader (every field decoded)",
+    "cysystemd": "peer: cysystemd JournalReader (every field decoded)",
+}
+LIVE_LABELS = {
+    "supervisor": "supervisor (the daemon as run_daemon builds it)",
+    "python_systemd": "python-systemd follower, last 400 messages",
+    "cysystemd": "cysystemd follower, last 400 messages",
+    "journalctl_json": "journalctl -f -o json \\| json.loads",
 }
 CHILD_ONLY = ("export", "export_fields", "native")  # no Python consumer: no Python CPU or RSS
 
@@ -41,7 +50,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small and fast: the CI smoke")
     parser.add_argument("--no-live", action="store_true", help="skip the follow-mode figures")
     parser.add_argument("--live-seconds", type=float, default=10.0)
-    parser.add_argument("--live-rates", default="2000,20000")
+    parser.add_argument("--live-rates", default="200,2000,10000")
+    parser.add_argument("--live-runs", type=int, default=1, help="interleaved runs per rate")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--exit-crashes",
+        type=int,
+        default=20,
+        help="crashes for exit -> quarantine under systemd 252 in nspawn (0: skip; needs root)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache", type=Path, default=None, help="journal cache directory")
     parser.add_argument(
@@ -53,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.runs = min(args.runs, 2)
         args.live_seconds = min(args.live_seconds, 2.0)
         args.live_rates = "2000"
+        args.idle_seconds = min(args.idle_seconds, 1.0)
+        args.exit_crashes = 0
     return args
 
 
@@ -115,18 +134,29 @@ def summarise(mode: str, runs: list[dict[str, Any]], entries: int) -> dict[str, 
     }
 
 
+def ingest_modes() -> tuple[str, ...]:
+    """The batch modes of this run: ours, the baseline, the ceilings, the installed peers."""
+    return (*MODES, *(m for m in PEER_MODES if available(m)))
+
+
+def live_followers() -> tuple[str, ...]:
+    """The live followers of this run: the daemon and the installed peers."""
+    return ("supervisor", *(name for name in PEERS if available(name)))
+
+
 def measure_ingest(directory: Path, entries: int, runs: int) -> dict[str, Any]:
     """Every mode `runs` times, interleaved (A B C D A B C D ...), summarised."""
-    raw: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    modes = ingest_modes()
+    raw: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     for index in range(runs):
-        for mode in MODES:
+        for mode in modes:
             result = run_once(mode, directory)
             if mode not in CHILD_ONLY and result["entries"] != entries:
                 raise SystemExit(f"{mode} read {result['entries']} entries, expected {entries}")
             raw[mode].append(result)
             rate = entries / result["wall_s"]
             print(f"  run {index + 1}/{runs} {mode:<14} {rate:>10,.0f} entries/s", flush=True)
-    summary = {mode: summarise(mode, raw[mode], entries) for mode in MODES}
+    summary = {mode: summarise(mode, raw[mode], entries) for mode in modes}
     base = summary["json"]
     for item in summary.values():
         item["speed_vs_baseline"] = item["entries_per_s"] / base["entries_per_s"]
@@ -151,8 +181,10 @@ def table(ingest: dict[str, Any]) -> str:
         " | CPU vs baseline | peak RSS python / journalctl (MB) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for mode in MODES:
+    for mode in ingest:
         s = ingest[mode]
+        if not isinstance(s, dict) or "label" not in s:
+            continue
         python_cpu = "-" if mode in CHILD_ONLY else f"{s['cpu_python_s_per_million']:.1f}"
         rss_python = "-" if mode in CHILD_ONLY else f"{s['rss_python_mb']:.0f}"
         rows.append(
@@ -164,22 +196,47 @@ def table(ingest: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def live_table(live: list[dict[str, Any]]) -> str:
-    """The follow-mode figures (Markdown)."""
+def live_table(live: list[dict[str, Any]], batch_us: float) -> str:
+    """The follow-mode figures (Markdown): medians over the interleaved runs of each rate."""
     rows = [
-        "| rate (lines/s) | seconds | handled | supervisor CPU % | lag p50 / p99 (ms) "
-        "| crash latency p50 / p99 (ms) | crashes decided |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| rate (lines/s) | follower | CPU % of a core | cost / entry (us) | vs batch "
+        "| lag p50 / p99 (ms) | crash latency p50 / p99 (ms) | loop lag p99 (ms) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for item in live:
+        per_entry = item["cpu_s"] / max(1, item["handled"]) * 1e6
+        ours = item["follower"] == "supervisor"
         rows.append(
-            f"| {item['rate']:,} (achieved {item['achieved_rate']:,.0f}) | {item['seconds']:.1f} "
-            f"| {item['handled']:,} | {item['cpu_percent']:.1f} "
-            f"| {item['lag_ms_p50']:.0f} / {item['lag_ms_p99']:.0f} "
-            f"| {item['crash_ms_p50']:.0f} / {item['crash_ms_p99']:.0f} "
-            f"| {item['crashes_decided']}/{item['crashes_written']} |"
+            f"| {item['rate']:,} | {LIVE_LABELS[item['follower']]} | {item['cpu_percent']:.1f} "
+            f"| {per_entry:.1f} | {per_entry / batch_us:.1f}x "
+            + (
+                f"| {item['lag_ms_p50']:.0f} / {item['lag_ms_p99']:.0f} "
+                f"| {item['crash_ms_p50']:.0f} / {item['crash_ms_p99']:.0f} "
+                f"| {item['loop_lag_ms_p99']:.1f} |"
+                if ours
+                else "| - | - | - |"
+            )
         )
     return "\n".join(rows)
+
+
+def idle_table(idle: list[dict[str, Any]]) -> str:
+    """Idle wake-ups and memory (Markdown)."""
+    rows = [
+        "| follower | wake-ups / s | RSS (MB) | anonymous (MB) | reader child RSS (MB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for item in idle:
+        rows.append(
+            f"| {LIVE_LABELS[item['follower']]} | {item['wakeups_per_s']:.2f} "
+            f"| {item['rss_mb']:.1f} | {item['rss_anon_mb']:.1f} | {item['child_rss_mb']:.1f} |"
+        )
+    return "\n".join(rows)
+
+
+def median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One live figure set from interleaved runs: the run of median CPU."""
+    return sorted(runs, key=lambda r: r["cpu_percent"])[len(runs) // 2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,14 +268,35 @@ def main(argv: list[str] | None = None) -> int:
             f" MB); after each pass: {rss['rss_mb_after_each_pass']}"
         )
     live: list[dict[str, Any]] = []
+    idle: list[dict[str, Any]] = []
+    exit_latency: dict[str, Any] | None = None
     if not args.no_live:
-        from bench.live import measure_live
+        from bench.live import measure_idle, measure_live
 
+        followers = live_followers()
         for rate in (int(r) for r in args.live_rates.split(",") if r):
-            print(f"\nlive: {rate:,} lines/s for {args.live_seconds:.0f} s ...", flush=True)
-            live.append(measure_live(rate, args.live_seconds))
+            runs: dict[str, list[dict[str, Any]]] = {f: [] for f in followers}
+            for index in range(args.live_runs):
+                for follower in followers:  # interleaved: A B C D A B C D
+                    print(
+                        f"live: {rate:,} lines/s, {follower}, run {index + 1}/{args.live_runs}",
+                        flush=True,
+                    )
+                    runs[follower].append(measure_live(rate, args.live_seconds, follower))
+            live += [median_runs(runs[f]) for f in followers]
+        for follower in followers:
+            print(f"idle: {follower} for {args.idle_seconds:.0f} s", flush=True)
+            idle.append(measure_idle(args.idle_seconds, follower))
+        batch_us = ingest["supervisor"]["cpu_s_per_million"]
         print()
-        print(live_table(live))
+        print(live_table(live, batch_us))
+        print()
+        print(idle_table(idle))
+    if args.exit_crashes:
+        exit_latency = _exit_latency(args.exit_crashes)
+    native = ingest["native"]["entries_per_s"]
+    ours = ingest["supervisor"]["entries_per_s"]
+    print(f"\nbatch: supervisor ingest at {ours / native:.0%} of its reader child alone")
     result = {
         "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -238,11 +316,32 @@ def main(argv: list[str] | None = None) -> int:
         "ingest": ingest,
         "rss": rss,
         "live": live,
+        "idle": idle,
+        "exit_latency": exit_latency,
+        "batch_vs_child": ours / native,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _exit_latency(crashes: int) -> dict[str, Any] | None:
+    """Exit -> quarantine under systemd 252 in nspawn, or None (said) where nspawn cannot run."""
+    from bench.exit_latency import measure_exit_latency, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        print(f"\nexit -> quarantine: skipped, systemd-nspawn cannot run here: {reason}")
+        return None
+    print(f"\nexit -> quarantine: {crashes} crashes under systemd 252 in nspawn ...", flush=True)
+    result = measure_exit_latency(crashes)
+    p50, p99 = result["exit_to_quarantine_ms_p50"], result["exit_to_quarantine_ms_p99"]
+    print(
+        f"exit -> quarantine over {result['crashes']} crashes: p50 {p50:.1f} ms, "
+        f"p99 {p99:.1f} ms, max {result['exit_to_quarantine_ms_max']:.1f} ms"
+    )
+    return result
 
 
 if __name__ == "__main__":

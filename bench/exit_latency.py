@@ -25,9 +25,23 @@ from bench.live import percentile
 E2E = Path(__file__).resolve().parent.parent / "tests" / "e2e"
 
 
+def _e2e_on_path() -> None:
+    if str(E2E) not in sys.path:
+        sys.path.insert(0, str(E2E))  # the e2e tests' container, reused as is
+
+
+def unavailable() -> str | None:
+    """Why systemd-nspawn cannot run here, or None when it can."""
+    _e2e_on_path()
+    from nspawn import preflight
+
+    reason: str | None = preflight()
+    return reason
+
+
 def measure_exit_latency(crashes: int) -> dict[str, Any]:
     """Boot, crash `crashes` times, return the exit -> quarantine figures (milliseconds)."""
-    sys.path.insert(0, str(E2E))  # the e2e tests' container, reused as is
+    _e2e_on_path()
     from nspawn import wait_for
     from served import (
         SEED_LOG,

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("supervisor", "supervisor_journalctl", "json", "export", "export_fields", "native")
+# Optional (`pip install -e '.[bench]'`): the libsystemd bindings, every field decoded.
+PEER_MODES = ("python_systemd", "cysystemd")
 
 
 def _usage() -> tuple[float, float, int, int]:
@@ -76,6 +78,10 @@ def _prepare(mode: str, directory: Path, unit: str) -> Any:
         return lambda: _native_devnull(directory, unit)
     if mode == "json":
         return lambda: _json(directory, unit)
+    if mode == "python_systemd":
+        return lambda: _python_systemd(directory, unit)
+    if mode == "cysystemd":
+        return lambda: _cysystemd(directory, unit)
     if mode in ("export", "export_fields"):
         return lambda: _devnull(directory, unit, fields=mode == "export_fields")
     raise SystemExit(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
@@ -139,6 +145,40 @@ def _json(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
         count += 1
     del record
     process.wait()
+    return count, {}
+
+
+def _python_systemd(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
+    """systemd's binding with journalctl --unit's matches, each entry decoded to a dict."""
+    from systemd import journal
+
+    reader = journal.Reader(path=str(directory))
+    reader.add_match(_SYSTEMD_UNIT=unit)
+    reader.add_disjunction()
+    reader.add_match(_PID="1", UNIT=unit)
+    reader.add_disjunction()
+    reader.add_match(_UID="0", OBJECT_SYSTEMD_UNIT=unit)
+    count = sum(1 for _ in reader)
+    return count, {}
+
+
+def _cysystemd(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
+    """The Cython binding, the same matches, each entry's fields read."""
+    from cysystemd.reader import JournalReader, Rule
+
+    reader = JournalReader()
+    reader.open_directory(str(directory))
+    rules = (
+        Rule("_SYSTEMD_UNIT", unit)
+        | (Rule("_PID", "1") & Rule("UNIT", unit))
+        | (Rule("_UID", "0") & Rule("OBJECT_SYSTEMD_UNIT", unit))
+    )
+    reader.add_filter(rules)
+    reader.seek_head()
+    count = 0
+    for record in reader:
+        _ = record.data
+        count += 1
     return count, {}
 
 
