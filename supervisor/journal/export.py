@@ -167,6 +167,7 @@ def _message(raw: bytes, max_chars: int) -> str:
 
 
 _LINE_COLUMNS = 2 + len(LINE_FIELDS) + 1  # cursor, realtime, the fields, the message's length
+_LIFECYCLE_AT = _LINE_COLUMNS - 1 - len(LIFECYCLE_FIELDS)  # the lifecycle fields come last
 _LIFECYCLE_NAMES = tuple(name.decode() for name in LIFECYCLE_FIELDS)
 
 
@@ -197,6 +198,8 @@ class LineParser:
         size = len(buf)
         find = buf.find
         max_chars = self.max_chars
+        last_identity: tuple[bytes, ...] | None = None
+        decoded: tuple[Any, ...] = ()
         while (newline := find(b"\n", pos)) >= 0:
             row = buf[pos:newline].split(b"\t")
             if len(row) != _LINE_COLUMNS or not (row[-1].isascii() and row[-1].isdigit()):
@@ -213,7 +216,7 @@ class LineParser:
                     self.invalid += 1  # out of step: resynchronise at the next line
                 pos = newline + 1
                 continue
-            # The order of LINE_FIELDS.
+            # The order of LINE_FIELDS; the lifecycle fields are sliced only when needed.
             (
                 cursor,
                 realtime,
@@ -229,9 +232,8 @@ class LineParser:
                 machine_id,
                 hostname,
                 boot_id,
-                *lifecycle,
-                length,
-            ) = row
+            ) = row[:_LIFECYCLE_AT]
+            length = row[-1]
             end = newline + 1 + int(length)
             if end >= size:
                 break
@@ -249,21 +251,36 @@ class LineParser:
                 message = raw.decode("utf-8", "replace")
             else:
                 message = message_text(raw, max_chars)
+            # Consecutive lines of one process repeat the same identity fields: decode them
+            # once, then reuse the strings while the raw bytes stay the same.
+            identity = (unit, invocation, pid, priority, machine_id, hostname, boot_id)
+            if identity != last_identity:
+                last_identity = identity
+                decoded = (
+                    unit.decode("utf-8", "replace") if unit else None,
+                    invocation.decode("ascii", "replace") if invocation else None,
+                    int(pid) if pid.isascii() and pid.isdigit() else None,
+                    int(priority) if priority.isascii() and priority.isdigit() else None,
+                    machine_id.decode("ascii", "replace") if machine_id else None,
+                    hostname.decode("utf-8", "replace") if hostname else None,
+                    boot_id.decode("ascii", "replace") if boot_id else None,
+                )
+            unit_s, invocation_s, pid_i, priority_i, machine_s, hostname_s, boot_s = decoded
             entries.append(
                 _new_entry(
                     cursor.decode("ascii", "replace"),
                     int(realtime) if realtime.isascii() and realtime.isdigit() else 0,
                     message,
-                    unit.decode("utf-8", "replace") if unit else None,
-                    invocation.decode("ascii", "replace") if invocation else None,
-                    int(pid) if pid.isascii() and pid.isdigit() else None,
-                    int(priority) if priority.isascii() and priority.isdigit() else None,
+                    unit_s,
+                    invocation_s,
+                    pid_i,
+                    priority_i,
                     message_id.decode("ascii", "replace") if message_id else None,
                     pid == b"1",
-                    _lifecycle_row(lifecycle) if message_id else EMPTY,
-                    machine_id.decode("ascii", "replace") if machine_id else None,
-                    hostname.decode("utf-8", "replace") if hostname else None,
-                    boot_id.decode("ascii", "replace") if boot_id else None,
+                    _lifecycle_row(row[_LIFECYCLE_AT:-1]) if message_id else EMPTY,
+                    machine_s,
+                    hostname_s,
+                    boot_s,
                 )
             )
             last = cursor

@@ -163,7 +163,7 @@ class Metrics:
         self._loop_lag = Histogram(
             PREFIX + "event_loop_lag_seconds",
             "How late the event loop ran a timer while the daemon was busy (sampled every "
-            "25 ms for a second after each batch): what a blocking call costs everything else.",
+            "100 ms for a second after each batch): what a blocking call costs everything else.",
             buckets=_LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
