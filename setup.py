@@ -35,7 +35,13 @@ setup(
             sources=["supervisor/journal/_sdjournal.c"],
             libraries=["systemd"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
+        ),
+        # The rows' parser, in the daemon's own process: plain C, no library at all.
+        Extension(
+            "vllm_supervisor.journal._rows",
+            sources=["supervisor/journal/_rows.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

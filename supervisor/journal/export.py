@@ -20,6 +20,11 @@ from typing import Any
 
 from ..model import EMPTY, JournalEntry, field_int
 
+try:  # the rows' parser in C (setup.py builds it with any C compiler; optional)
+    from . import _rows as _native_rows
+except ImportError:  # a build without a C compiler: the Python loop below
+    _native_rows = None  # type: ignore[assignment]
+
 Fields = dict[bytes, bytes]
 
 LIFECYCLE_FIELDS = (
@@ -187,10 +192,22 @@ class LineParser:
     invalid: int = 0
     synced: int = 0
     _buffer: bytes = b""
+    native: bool = True  # the same loop in C (`_rows.c`) where it was built
 
     def feed(self, chunk: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
         """The entries `chunk` completes, and the first and last record's cursor (raw)."""
         buf = self._buffer + chunk if self._buffer else chunk
+        if self.native and _native_rows is not None:
+            entries, first, last, consumed, invalid, synced = _native_rows.parse(
+                buf, self.max_chars
+            )
+            self.invalid += invalid
+            self.synced = max(self.synced, synced)
+            self._buffer = buf[consumed:]
+            return entries, first, last
+        return self._feed(buf)
+
+    def _feed(self, buf: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
         entries: list[JournalEntry] = []
         first: bytes | None = None
         last: bytes | None = None
@@ -369,3 +386,14 @@ def _lifecycle(fields: Fields) -> dict[str, str]:
         for key in LIFECYCLE_FIELDS
         if (value := fields.get(key)) is not None
     }
+
+
+def native_rows_available() -> bool:
+    """Was the rows' parser in C built (`_rows.c`)?"""
+    return _native_rows is not None
+
+
+if _native_rows is not None:
+    _native_rows.configure(
+        JournalEntry, JournalEntry.__slots__, _LIFECYCLE_NAMES, message_text, EMPTY
+    )
