@@ -15,6 +15,7 @@ PID 1's exit, failure and restart messages, then a new start). The follower is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -25,6 +26,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,37 +51,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure_live(rate: int, seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
     """Write `rate` lines/s for `seconds` while `follower` follows; its lag, latency and CPU."""
-    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-live-") as tmp:
-        root = Path(tmp)
-        remote = start_remote(root / "journal")
-        assert remote.stdin is not None
-        encoder = Encoder(start_us=_now_us(), step_us=1)
-        inv = uuid.uuid4().hex
-        started = lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.")
-        remote.stdin.write(encoder.entry(started, now_us=_now_us()))
-        remote.stdin.flush()
-        _wait_for_file(root / "journal")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.live", str(root), follower],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        try:
-            assert process.stdout is not None
-            # structlog writes its events to stdout too: read up to our marker.
-            while (line := process.stdout.readline()) and line.strip() != b"ready":
-                pass
-            if not line:
-                process.kill()
-                _, errors = process.communicate(timeout=30)
-                raise SystemExit(f"live follower did not start: {errors.decode()[-2000:]}")
-            written, crashes = _write_at_rate(remote, encoder, inv, rate, seconds)
-            time.sleep(DRAIN_S)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            out, _ = process.communicate(timeout=60)
-            finish_remote(remote)
+    with _following(follower) as run:
+        written, crashes = _write_at_rate(run.remote, run.encoder, run.invocation_id, rate, seconds)
+        time.sleep(DRAIN_S)
+    out = run.output
     result = json.loads(out.decode().strip().splitlines()[-1])
     lags = result.pop("lags_ms")
     crash_ms = result.pop("crash_ms")
@@ -105,37 +81,15 @@ def measure_idle(seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
     Wake-ups are context switches (voluntary + involuntary, every thread) of the follower and
     of its children over `seconds`, counted after a settling second; memory is VmRSS and
     RssAnon of the follower (and, apart, of its reader child) at the end."""
-    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-idle-") as tmp:
-        root = Path(tmp)
-        remote = start_remote(root / "journal")
-        assert remote.stdin is not None
-        encoder = Encoder(start_us=_now_us(), step_us=1)
-        started = lifecycle(UNIT, uuid.uuid4().hex, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.")
-        remote.stdin.write(encoder.entry(started, now_us=_now_us()))
-        remote.stdin.flush()
-        _wait_for_file(root / "journal")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.live", str(root), follower],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        try:
-            assert process.stdout is not None
-            while (line := process.stdout.readline()) and line.strip() != b"ready":
-                pass
-            # The start's own work ends: imports, the tail, the first read, its checkpoint.
-            time.sleep(3.0)
-            before = _switches(process.pid)
-            time.sleep(seconds)  # the idle window being measured
-            after = _switches(process.pid)
-            memory = {key: _status_kb(process.pid, key) for key in ("VmRSS", "RssAnon")}
-            children = _children(process.pid)
-            child_rss = sum(_status_kb(pid, "VmRSS") for pid in children)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            process.communicate(timeout=60)
-            finish_remote(remote)
+    with _following(follower) as run:
+        pid = run.process.pid
+        # The start's own work ends: imports, the tail, the first read, its checkpoint.
+        time.sleep(3.0)
+        before = _switches(pid)
+        time.sleep(seconds)  # the idle window being measured
+        after = _switches(pid)
+        memory = {key: _status_kb(pid, key) for key in ("VmRSS", "RssAnon")}
+        child_rss = sum(_status_kb(child, "VmRSS") for child in _children(pid))
     return {
         "follower": follower,
         "seconds": seconds,
@@ -144,6 +98,52 @@ def measure_idle(seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
         "rss_anon_mb": memory["RssAnon"] / 1024,
         "child_rss_mb": child_rss / 1024,
     }
+
+
+@dataclass
+class _Run:
+    remote: subprocess.Popen[bytes]  # journal-remote, writing the journal
+    encoder: Encoder
+    invocation_id: str  # the invocation started so far
+    process: subprocess.Popen[bytes]  # the follower
+    output: bytes = b""  # its stdout, once it was stopped
+
+
+@contextlib.contextmanager
+def _following(follower: str) -> Iterator[_Run]:
+    """A journal journal-remote writes (one start so far), `follower` following it and ready;
+    at the end the follower gets SIGTERM and its output is kept in `output`."""
+    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-live-") as tmp:
+        root = Path(tmp)
+        remote = start_remote(root / "journal")
+        assert remote.stdin is not None
+        encoder = Encoder(start_us=_now_us(), step_us=1)
+        inv = uuid.uuid4().hex
+        started = lifecycle(UNIT, inv, LifecycleEvent.JOB_STARTED, f"Started {UNIT}.")
+        remote.stdin.write(encoder.entry(started, now_us=_now_us()))
+        remote.stdin.flush()
+        _wait_for_file(root / "journal")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.live", str(root), follower],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        run = _Run(remote, encoder, inv, process)
+        try:
+            assert process.stdout is not None
+            # structlog writes its events to stdout too: read up to our marker.
+            while (line := process.stdout.readline()) and line.strip() != b"ready":
+                pass
+            if not line:
+                process.kill()
+                _, errors = process.communicate(timeout=30)
+                raise SystemExit(f"live follower did not start: {errors.decode()[-2000:]}")
+            yield run
+        finally:
+            process.send_signal(signal.SIGTERM)
+            run.output, _ = process.communicate(timeout=60)
+            finish_remote(remote)
 
 
 def _children(pid: int) -> list[int]:
