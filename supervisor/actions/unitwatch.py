@@ -37,12 +37,15 @@ RETRY_MAX_S = 60.0
 
 
 def unit_path(unit: str) -> str:
-    """The unit's object path, escaped as systemd's bus_label_escape does."""
+    """The unit's object path, escaped as systemd's bus_label_escape does (byte by byte)."""
     escaped = "".join(
-        ch if ch.isascii() and (ch.isalpha() or (ch.isdigit() and index > 0)) else f"_{ord(ch):02x}"
-        for index, ch in enumerate(unit)
+        chr(byte) if _ALNUM[byte] and (index > 0 or not chr(byte).isdigit()) else f"_{byte:02x}"
+        for index, byte in enumerate(unit.encode())
     )
     return f"{UNIT_PATHS}/{escaped}"
+
+
+_ALNUM = [chr(b).isascii() and chr(b).isalnum() for b in range(256)]
 
 
 class UnitWatch:
