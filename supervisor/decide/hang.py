@@ -28,7 +28,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import httpx
 import structlog
 
 from ..config import Config
@@ -155,6 +154,8 @@ def _ends(entry: JournalEntry, invocation_id: str | None) -> bool:
 
 async def health_fails(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
     """True when the health URL answers non-2xx, times out or cannot be reached."""
+    import httpx  # only when a hang is being confirmed (see notify.webhook on why)
+
     try:
         async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
             response = await client.get(url)

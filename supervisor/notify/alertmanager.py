@@ -20,9 +20,8 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 
 from ..config import AlertmanagerConfig
@@ -38,6 +37,9 @@ CREATE TABLE IF NOT EXISTS alert_firing (
     labels TEXT NOT NULL          -- the JSON labels it was sent with, to resolve it by them
 );
 """
+if TYPE_CHECKING:
+    import httpx
+
 _RETRY_BASE_S = 1.0
 
 log = structlog.get_logger(__name__)
@@ -104,6 +106,8 @@ class AlertmanagerSink:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Post the firing and resolved alerts every `resend_s`, at once when woken."""
+        import httpx  # where it is used (see notify.webhook on why)
+
         retry = Backoff(_RETRY_BASE_S, max(_RETRY_BASE_S, self._config.backoff_max_s))
         failures = 0
         async with httpx.AsyncClient(
@@ -118,6 +122,8 @@ class AlertmanagerSink:
 
     async def reconcile(self, client: httpx.AsyncClient) -> bool:
         """One round: post what fires and what stopped firing; True when Alertmanager took it."""
+        import httpx
+
         now = self._clock()
         try:
             firing = {u: alert(u, r, host=self._host) for u, r in self._quarantined().items()}

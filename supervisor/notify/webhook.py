@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from types import TracebackType
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ..config import Secret
 from ..errors import NotifyError
+
+if TYPE_CHECKING:
+    # Imported where a request is made: httpx and the ssl context it builds cost ~4 MB of RSS,
+    # which an idle daemon (nothing to tell yet) need not hold.
+    import httpx
 
 ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
 MAX_BODY_BYTES = 4096  # at most this much of a reply is read: a huge or endless body is cut
@@ -71,6 +74,8 @@ def redact(text: str, url: Secret) -> str:
 
 def _secret_parts(url: Secret) -> list[str]:
     """The URL, its path and query, and each long path segment (the token), longest first."""
+    import httpx
+
     parsed = httpx.URL(url.value)
     parts = [url.value, parsed.path, parsed.query.decode("ascii", "replace")]
     parts += [seg for seg in parsed.path.split("/") if len(seg) >= MIN_SECRET_SEGMENT]
@@ -85,6 +90,8 @@ class _RedactFilter(logging.Filter):
         self._url = url
 
     def filter(self, record: logging.LogRecord) -> bool:
+        import httpx  # loaded already: only httpx logs through this filter
+
         if record.args:
             args = record.args if isinstance(record.args, tuple) else (record.args,)
             record.args = tuple(
@@ -107,15 +114,24 @@ class SlackWebhook:
     ) -> None:
         self._url = url
         self._now = now
-        # identity: an error body is read raw and cut at MAX_BODY_BYTES, never decompressed.
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            timeout=timeout_s,
-            follow_redirects=False,
-            headers={"Accept-Encoding": "identity"},
-        )
+        self._transport = transport
+        self._timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None  # made at the first send
         self._filter = _RedactFilter(url)
         logging.getLogger("httpx").addFilter(self._filter)
+
+    def _connection(self) -> httpx.AsyncClient:
+        import httpx
+
+        if self._client is None:
+            # identity: an error body is read raw and cut at MAX_BODY_BYTES, never decompressed.
+            self._client = httpx.AsyncClient(
+                transport=self._transport,
+                timeout=self._timeout_s,
+                follow_redirects=False,
+                headers={"Accept-Encoding": "identity"},
+            )
+        return self._client
 
     def __repr__(self) -> str:
         return f"SlackWebhook(url={REDACTED!r})"
@@ -133,7 +149,8 @@ class SlackWebhook:
 
     async def aclose(self) -> None:
         """Close the connection pool and stop filtering httpx's log for this URL."""
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
         logging.getLogger("httpx").removeFilter(self._filter)
 
     async def send(self, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> None:
@@ -142,9 +159,12 @@ class SlackWebhook:
         Only the first MAX_BODY_BYTES of the reply are read, so an HTML error page, an endless
         or a huge body costs bounded memory. `timeout_s` overrides the client's timeout.
         """
+        import httpx
+
+        client = self._connection()
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         try:
-            async with self._client.stream(
+            async with client.stream(
                 "POST", self._url.value, json=dict(payload), timeout=timeout
             ) as response:
                 if not 200 <= response.status_code < 300:
@@ -180,6 +200,8 @@ class SlackWebhook:
 
 
 def _transport_reason(exc: httpx.HTTPError) -> str:
+    import httpx
+
     if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
         return "connect"  # the request never left: retrying it cannot duplicate a message
     if isinstance(exc, httpx.TimeoutException):
