@@ -112,8 +112,12 @@ class HangDetector:
     def _may_be_death(self, message: str) -> bool:
         # Every line of a supervised unit passes here: a literal test rejects nearly all of
         # them before the regex runs (the classifier's prefilter does the same).
-        if self._hints and not any(hint in message for hint in self._hints):
-            return False
+        if self._hints:
+            for hint in self._hints:
+                if hint in message:
+                    break
+            else:
+                return False
         return self._pattern.search(message) is not None
 
     def due(self, now: float) -> list[str]:
@@ -193,7 +197,12 @@ class HangWatcher:
         that resets the policy's streak of identical crashes.
         """
         before = self.detector.next_due()
-        kept = [e for e in batch if (e.unit or "", e.invocation_id or "") not in self._hung]
+        hung = self._hung
+        kept = (
+            [e for e in batch if (e.unit or "", e.invocation_id or "") not in hung]
+            if hung
+            else batch
+        )
         for entry in kept:
             self.detector.observe(entry)
         if self.detector.next_due() != before:

@@ -50,6 +50,7 @@ _PORT_IN_TEXT = (
 )
 Holders = Callable[[int], list[Holder]]
 Listeners = Callable[[int], list[Listener]]
+_STARTING: str = LifecycleEvent.STARTING.value  # read per entry: not the enum's property
 _LIVE_S = 5.0  # a start read later than this: the socket table now says nothing of then
 _STARTS_KEPT = 64
 
@@ -94,7 +95,7 @@ class PortEvidence:
         """Note who listens on a unit's port when PID 1 starts it (read live: one read of the
         socket table, no process scan); entries pass unchanged."""
         for entry in batch:
-            if not entry.from_pid1 or entry.message_id != LifecycleEvent.STARTING.value:
+            if not entry.from_pid1 or entry.message_id != _STARTING:
                 continue
             if entry.unit is None or entry.invocation_id is None:
                 continue
