@@ -7,6 +7,7 @@ produce genuine journal files instead of imitations.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -146,12 +147,14 @@ class JournalWriter:
         """Wake followers, as journald does after each write (journal_file_post_change).
 
         journal-remote coalesces these wake-ups, and `journalctl --follow` only reads on an
-        inotify event, so entries can sit unseen until the next write. Truncating the file to its
-        own size is exactly journald's signal (IN_MODIFY) and changes nothing.
+        inotify event, so entries can sit unseen until the next write. Touching the file's times
+        is an inotify event libsystemd's directory watch reads as a change (IN_ATTRIB). Not
+        journald's own ftruncate to the file's size: with journal-remote appending between the
+        size read and the truncate, that cut its fresh entry off and killed it with SIGBUS.
         """
         path = self.directory / "remote.journal"
-        if path.exists():
-            os.truncate(path, path.stat().st_size)
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(path)
 
     def rotate(self) -> Path:
         """Archive the active file under journald's name for it and go on in a fresh one.
