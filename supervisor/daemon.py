@@ -48,6 +48,7 @@ from .telemetry.looplag import LoopLag
 from .telemetry.metrics import Metrics
 from .track.tracker import SuppressionNotice
 from .util.aio import first_of
+from .util.memory import give_back_startup_memory
 from .util.retry import Backoff
 
 log = structlog.get_logger(__name__)
@@ -622,6 +623,7 @@ class Daemon:
         if self.reporter is not None:
             self.reporter.ready()
         self._report_status()
+        give_back_startup_memory()
 
     async def _watch_reload(self, stop: asyncio.Event, reload: asyncio.Event) -> None:
         while not stop.is_set():
