@@ -315,21 +315,11 @@ class Daemon:
         try:
             streams = count_streams()
         except OSError as exc:
-            self._settle_early = False
-            log.warning(
-                "settle_probe_unavailable",
-                error=f"cannot list journald's stdout streams: {exc}",
-                action="ended runs wait settle_s for their late lines",
-            )
-            return False
+            return self._no_settle_probe(f"cannot list journald's stdout streams: {exc}")
         if not streams.listening:
-            self._settle_early = False
-            log.warning(
-                "settle_probe_unavailable",
-                error="journald's stdout socket is not visible (another network namespace?)",
-                action="ended runs wait settle_s for their late lines",
+            return self._no_settle_probe(
+                "journald's stdout socket is not visible (another network namespace?)"
             )
-            return False
         if streams.dying or not await self.reader.sync(within_s):
             return False
         async with self.lock:
@@ -338,6 +328,16 @@ class Daemon:
                 await self.handle_outcomes(outcomes)
             self._signal_progress()
         return bool(outcomes)
+
+    def _no_settle_probe(self, why: str) -> bool:
+        """Fall back to the settle window for good, saying why once; False (nothing decided)."""
+        self._settle_early = False
+        log.warning(
+            "settle_probe_unavailable",
+            error=why,
+            action="ended runs wait settle_s for their late lines",
+        )
+        return False
 
     async def gate_answer(
         self, unit: str, invocation_id: str | None, wait_s: float
@@ -635,16 +635,6 @@ class Daemon:
                     async with self.lock:
                         self._apply(*loaded)
 
-    def reload(self) -> None:
-        """SIGHUP: read the config and its signature table again and apply what can change
-        while running (units, per-unit settings, dry run, signatures); name what cannot.
-
-        A config or table that fails to load changes nothing: the old one stays.
-        """
-        loaded = self._load_new()
-        if loaded is not None:
-            self._apply(*loaded)
-
     def _load_new(self) -> tuple[Config, SignatureTable] | None:
         """The config and table on disk now; None (logged) when they do not load."""
         if self._load_config is None:
@@ -658,6 +648,8 @@ class Daemon:
             return None
 
     def _apply(self, config: Config, table: SignatureTable) -> None:
+        """SIGHUP: apply what can change while running (units, per-unit settings, dry run,
+        signatures); name what cannot. A config or table that failed to load changed nothing."""
         needs_restart = restart_only_changes(self.config, config)
         added = sorted({u.name for u in config.units} - {u.name for u in self.config.units})
         removed = sorted({u.name for u in self.config.units} - {u.name for u in config.units})

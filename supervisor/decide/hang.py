@@ -197,12 +197,9 @@ class HangWatcher:
         that resets the policy's streak of identical crashes.
         """
         before = self.detector.next_due()
-        hung = self._hung
-        kept = (
-            [e for e in batch if (e.unit or "", e.invocation_id or "") not in hung]
-            if hung
-            else batch
-        )
+        kept = batch
+        if self._hung:  # nearly always empty: no tuple per entry then
+            kept = [e for e in batch if (e.unit or "", e.invocation_id or "") not in self._hung]
         for entry in kept:
             self.detector.observe(entry)
         if self.detector.next_due() != before:

@@ -479,9 +479,8 @@ static int write_sync(Out *out, long long number) {
 static int stream_loop(Run *run, int first_is_cursor) {
     long skipped = 0; /* entries of other units since the last record written */
     long written = 0; /* records written since the last wait */
-    long long syncing = sync_wanted; /* the request this pass answers when it reaches the end */
+    long long syncing = 0; /* the request this pass answers when it reaches the end */
     int r;
-    sync_wanted = 0;
     for (;;) {
         r = sd_journal_next(run->j);
         if (r < 0)

@@ -234,14 +234,13 @@ class JournalctlReader:
             await self._pin_tail()
         argv = reader_argv(self.settings, self.cursor)
         self._argv = argv
-        native = resolve_source(self.settings.source) == "native"
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 # The native child takes sync requests on its stdin.
-                stdin=asyncio.subprocess.PIPE if native else asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if self.can_sync else asyncio.subprocess.DEVNULL,
                 limit=READ_SIZE,  # buffer up to 2 MiB before pausing the pipe (default 128 KiB)
             )
         except OSError as exc:

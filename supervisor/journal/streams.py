@@ -77,7 +77,8 @@ def count_streams(path: str = JOURNAL_STDOUT) -> StreamCount:
             data = diag.recv(1 << 16)
             if not data:
                 raise OSError("sock_diag: the kernel closed the dump")
-            for state, name, shutdown in _sockets(data):
+            sockets, done = _sockets(data)
+            for state, name, shutdown in sockets:
                 if name != wanted:
                     continue
                 if state == _TCP_LISTEN:
@@ -87,7 +88,7 @@ def count_streams(path: str = JOURNAL_STDOUT) -> StreamCount:
                         dying += 1
                     else:
                         alive += 1
-            if _done(data):
+            if done:
                 return StreamCount(listening=listening, open=alive, dying=dying)
 
 
@@ -104,14 +105,13 @@ def _messages(data: bytes) -> list[tuple[int, bytes]]:
     return found
 
 
-def _done(data: bytes) -> bool:
-    return any(kind == _NLMSG_DONE for kind, _ in _messages(data))
-
-
-def _sockets(data: bytes) -> list[tuple[int, bytes | None, int | None]]:
-    """(state, bound name, shutdown) of each socket the datagram describes."""
+def _sockets(data: bytes) -> tuple[list[tuple[int, bytes | None, int | None]], bool]:
+    """(state, bound name, shutdown) of each socket the datagram describes, and whether it ends
+    the dump."""
     found: list[tuple[int, bytes | None, int | None]] = []
+    done = False
     for kind, payload in _messages(data):
+        done = done or kind == _NLMSG_DONE
         if kind == _NLMSG_ERROR:
             (errno,) = struct.unpack_from("=i", payload) if len(payload) >= 4 else (0,)
             raise OSError(-errno, "sock_diag refused the dump")
@@ -132,4 +132,4 @@ def _sockets(data: bytes) -> list[tuple[int, bytes | None, int | None]]:
                 shutdown = value[0]
             offset += (length + 3) & ~3
         found.append((state, name, shutdown))
-    return found
+    return found, done
