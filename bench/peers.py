@@ -17,9 +17,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
+import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 KEEP = 400  # messages each follower remembers
@@ -28,7 +29,9 @@ KEEP = 400  # messages each follower remembers
 @dataclass
 class Tally:
     handled: int = 0
-    child: subprocess.Popen[bytes] | None = None  # journalctl, to reap before reporting CPU
+    child: subprocess.Popen[bytes] | None = None  # journalctl, to kill at the end
+    # Set once the journal is open and read up to now: where the CPU window starts.
+    ready: threading.Event = field(default_factory=threading.Event)
 
 
 Follow = Callable[[Path, str, Tally], None]
@@ -45,6 +48,7 @@ def python_systemd(directory: Path, unit: str, tally: Tally) -> None:
         for entry in reader:
             kept.append(entry.get("MESSAGE"))
             tally.handled += 1
+        tally.ready.set()
         reader.wait()  # no timeout: idle is 0 wake-ups
 
 
@@ -60,6 +64,7 @@ def cysystemd(directory: Path, unit: str, tally: Tally) -> None:
         for record in reader:
             kept.append(record.data.get("MESSAGE"))
             tally.handled += 1
+        tally.ready.set()
         reader.wait()  # no timeout: idle is 0 wake-ups
 
 
@@ -70,6 +75,7 @@ def journalctl_json(directory: Path, unit: str, tally: Tally) -> None:
     )
     assert process.stdout is not None
     kept: deque[object] = deque(maxlen=KEEP)
+    tally.ready.set()  # journalctl's own start is its cost, as the supervisor's child's is not
     for line in process.stdout:
         kept.append(json.loads(line).get("MESSAGE"))
         tally.handled += 1
