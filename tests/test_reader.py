@@ -221,8 +221,8 @@ class TestSourceChoice:
     @pytest.mark.parametrize(
         ("follow", "cursor", "expected"),
         [
-            (True, None, ["--follow", "--linger-ms=20", "--start=tail"]),  # pinned by cursor first
-            (True, "s=1;i=2", ["--follow", "--linger-ms=20", "--cursor=s=1;i=2"]),  # inclusive
+            (True, None, ["--follow", "--linger-ms=100", "--start=tail"]),  # pinned by cursor first
+            (True, "s=1;i=2", ["--follow", "--linger-ms=100", "--cursor=s=1;i=2"]),  # inclusive
             (False, None, ["--start=head"]),  # read once: the whole journal
         ],
     )
