@@ -1,46 +1,71 @@
-"""The one compiled part: the libsystemd journal reader that runs in a child process.
+"""The compiled parts: the libsystemd journal reader (a program, run as the daemon's child) and
+the rows' parser (an extension, in the daemon's process).
 
-Everything else is in pyproject.toml. The extension is optional: without libsystemd's headers
-(Debian `libsystemd-dev`) the build skips it and the supervisor reads through `journalctl`.
+Everything else is in pyproject.toml. Both are optional: without libsystemd's headers (Debian
+`libsystemd-dev`) the reader is not built and the supervisor reads through `journalctl`;
+without a compiler the rows are parsed in Python.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+READER_SOURCE = "supervisor/journal/journal_reader.c"
+# Installed beside the package's modules, where `reader.native_reader_path` looks for it.
+READER_PROGRAM = "vllm-supervisor-journal-reader"
+
 
 class OptionalBuildExt(build_ext):
-    """Build the reader if libsystemd's headers are there; otherwise say so and go on."""
+    """Build what the machine can build; say what was skipped and go on."""
 
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # any compiler failure means "no native reader"
-            print(f"warning: native journal reader not built ({exc})", file=sys.stderr)
+        except Exception as exc:  # any compiler failure means "not built"
+            print(f"warning: native parts not built ({exc})", file=sys.stderr)
+            return
+        self._build_reader()
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:
+            print(f"warning: {ext.name} not built ({exc})", file=sys.stderr)
+
+    def _package_dir(self) -> Path:
+        """Where the journal package's modules go: the in-place tree, or build_lib."""
+        return Path(self.get_ext_fullpath("vllm_supervisor.journal._rows")).parent
+
+    def _build_reader(self) -> None:
+        """Link the reader program beside the journal package's modules."""
+        try:
+            objects = self.compiler.compile(
+                [READER_SOURCE],
+                output_dir=str(Path(self.build_temp) / "reader"),
+                extra_postargs=FLAGS,
+            )
+            self.compiler.link_executable(
+                objects, READER_PROGRAM, output_dir=str(self._package_dir()), libraries=["systemd"]
+            )
+        except Exception as exc:
             print(f"warning: native journal reader not built ({exc})", file=sys.stderr)
+
+    def get_outputs(self) -> list[str]:
+        return [*super().get_outputs(), str(self._package_dir() / READER_PROGRAM)]
 
 
 setup(
     ext_modules=[
-        Extension(
-            "vllm_supervisor.journal._sdjournal",
-            sources=["supervisor/journal/_sdjournal.c"],
-            libraries=["systemd"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
         # The rows' parser, in the daemon's own process: plain C, no library at all.
         Extension(
             "vllm_supervisor.journal._rows",
             sources=["supervisor/journal/_rows.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=FLAGS,
         ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},

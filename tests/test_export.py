@@ -167,7 +167,7 @@ class TestMessageText:
 
 
 def _row(cursor: str, message: bytes, **fields: str) -> bytes:
-    """One entry in the native reader's lean framing (see `_sdjournal.c`, write_lines)."""
+    """One entry in the native reader's lean framing (see `journal_reader.c`, write_lines)."""
     values = [fields.get(name.decode(), "").encode() for name in LINE_FIELDS]
     head = b"\t".join([cursor.encode(), b"1700000000000000", *values, str(len(message)).encode()])
     return head + b"\n" + message + b"\n"

@@ -73,11 +73,18 @@ class TestBesideSupervisord:
         assert where(venv, "vllm_supervisor").startswith(str(venv))
         assert "/supervisor/" in where(venv, "supervisor")
 
-    def test_the_native_reader_is_built_under_the_new_name(self, venv: Path) -> None:
-        """The C extension installs as vllm_supervisor.journal._sdjournal and its child runs."""
-        code = "import vllm_supervisor.journal._sdjournal as m; print(m.__name__)"
-        out = run(venv / "bin" / "python", "-I", "-c", code).strip()
-        assert out == "vllm_supervisor.journal._sdjournal"
+    def test_the_native_reader_is_installed_beside_the_package(self, venv: Path) -> None:
+        """setup.py links the libsystemd reader program into the installed package, executable,
+        and the daemon there picks it."""
+        code = (
+            "from vllm_supervisor.journal.reader import NATIVE_READER, resolve_source; "
+            "print(NATIVE_READER, resolve_source('auto'))"
+        )
+        path, source = run(venv / "bin" / "python", "-I", "-c", code).split()
+        assert path.startswith(str(venv)) and source == "native"
+        refused = subprocess.run([path, "--no-such-option"], capture_output=True, text=True)
+        assert refused.returncode == 2
+        assert "unknown or incomplete option: --no-such-option" in refused.stderr
 
     def test_removing_one_leaves_the_other_whole(self, venv: Path) -> None:
         """Uninstalling vllm-supervisor does not touch supervisord's files, and back."""

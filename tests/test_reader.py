@@ -18,6 +18,7 @@ from conftest import poll
 
 from vllm_supervisor.errors import JournalError
 from vllm_supervisor.journal.reader import (
+    NATIVE_READER,
     JournalctlReader,
     ReaderSettings,
     journalctl_argv,
@@ -206,7 +207,8 @@ class TestSourceChoice:
     def test_auto_prefers_the_native_reader_when_built(self) -> None:
         """'auto' runs the libsystemd child, which this checkout builds (libsystemd-dev)."""
         argv = reader_argv(ReaderSettings(units=(UNIT,), source="auto"), None)
-        assert argv[1:4] == ["-P", "-m", "vllm_supervisor.journal.native_child"]
+        assert argv[0] == str(NATIVE_READER)
+        assert Path(argv[0]).name == "vllm-supervisor-journal-reader"
 
     def test_journalctl_can_be_forced(self) -> None:
         """reader = 'journalctl' keeps the journalctl child even when native is built."""

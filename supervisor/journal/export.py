@@ -178,7 +178,7 @@ _LIFECYCLE_NAMES = tuple(name.decode() for name in LIFECYCLE_FIELDS)
 
 @dataclass(slots=True)
 class LineParser:
-    """Turns the native reader's lean framing (`_sdjournal.c`, `write_lines`) into entries.
+    """Turns the native reader's lean framing (`journal_reader.c`, `write_lines`) into entries.
 
     One tab-separated row per entry (cursor, realtime, the fields of `LINE_FIELDS`, the length of
     the message), then the message bytes and a newline: one `split` per entry instead of a dict

@@ -207,7 +207,7 @@ def is_reader(pid: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return comm(pid) == "journalctl" or b"vllm_supervisor.journal.native_child" in argv
+    return comm(pid) == "journalctl" or argv[0].endswith(b"/vllm-supervisor-journal-reader")
 
 
 def db_rows(state_dir: Path, sql: str) -> list[Any]:

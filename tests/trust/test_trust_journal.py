@@ -478,12 +478,14 @@ class TestHonestState:
     def test_the_reader_child_ignores_a_checkout_in_the_working_directory(
         self, tmp_path: Path
     ) -> None:
-        """Run from inside a checkout (its `supervisor/` without the built extension), the
-        reader child imported `./supervisor` ("cannot import name '_sdjournal'") and read
-        nothing; it now imports the installed package whatever the working directory."""
+        """Run from inside a checkout (its `supervisor/` without the built reader), the reader
+        child, then a Python module, imported `./supervisor` ("cannot import name
+        '_sdjournal'") and read nothing; the installed reader runs whatever the directory."""
         shadow = tmp_path / "checkout"
         shutil.copytree(
-            REPO / "supervisor", shadow / "supervisor", ignore=shutil.ignore_patterns("*.so")
+            REPO / "supervisor",
+            shadow / "supervisor",
+            ignore=shutil.ignore_patterns("*.so", "vllm-supervisor-journal-reader"),
         )
         journal = tmp_path / "journal"
         with JournalWriter(journal) as writer:
