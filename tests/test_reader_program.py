@@ -1,0 +1,105 @@
+"""The libsystemd reader program's command line (`journal_reader.c`, run as the reader child).
+
+The daemon builds its argv (`reader.native_argv`); these check what the program does with any
+other: a usage error with exit 2 that names the bad word, journalctl's wording and exit 1 when the
+journal cannot be read, never a crash.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_supervisor.journal.reader import NATIVE_READER, ReaderSettings, native_argv
+from vllm_supervisor.journal.writer import JournalWriter, service_lines
+
+UNIT = "vllm.service"
+
+
+def run(*args: str, timeout: float = 10.0) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(NATIVE_READER), *args], capture_output=True, timeout=timeout)
+
+
+class TestCommandLine:
+    def test_an_unknown_option_is_a_usage_error_naming_it(self) -> None:
+        result = run("--no-such-option")
+        assert result.returncode == 2
+        assert b"unknown or incomplete option: --no-such-option" in result.stderr
+        assert result.stderr.startswith(b"usage: vllm-supervisor-journal-reader")
+
+    def test_a_linger_out_of_range_is_refused(self) -> None:
+        result = run("--linger-ms=1001")
+        assert result.returncode == 2
+        assert b"--linger-ms must be within 0..1000: 1001" in result.stderr
+
+    def test_an_unknown_start_is_refused(self) -> None:
+        result = run("--start=middle")
+        assert result.returncode == 2
+        assert b"--start must be head, tail or last: middle" in result.stderr
+
+    def test_a_stray_argument_is_refused(self) -> None:
+        result = run("--lines", "vllm.service")
+        assert result.returncode == 2
+        assert b"unexpected argument: vllm.service" in result.stderr
+
+    def test_a_missing_file_fails_as_journalctl_does(self, tmp_path: Path) -> None:
+        result = run(f"--file={tmp_path / 'gone.journal'}")
+        assert result.returncode == 1
+        assert result.stderr.startswith(b"Failed to open journal: ")
+
+    def test_the_daemons_argv_reads_the_lines_of_its_unit(self, tmp_path: Path) -> None:
+        """Read once with the argv the daemon builds: each message of the unit, in order."""
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(service_lines(UNIT, "a" * 32, ["first line", "second line"], pid=4000))
+            writer.write(service_lines("other.service", "b" * 32, ["not ours"], pid=4001))
+        settings = ReaderSettings(units=(UNIT,), directory=tmp_path / "journal", follow=False)
+        argv = native_argv(settings, None)
+        result = subprocess.run(argv, capture_output=True, timeout=10, check=True)
+        assert b"first line" in result.stdout
+        assert result.stdout.index(b"first line") < result.stdout.index(b"second line")
+        assert b"not ours" not in result.stdout
+
+
+WORDS = st.sampled_from(
+    [
+        "--directory",
+        "--file",
+        "--unit",
+        "--field",
+        "--cursor",
+        "--start",
+        "--data-threshold",
+        "--linger-ms",
+        "--lines",
+        "--start=tail",
+        "--start=last",
+        "--start=",
+        "--linger-ms=-1",
+        "--linger-ms=99999999999999999999",
+        "--data-threshold=x",
+        "--cursor=s=0;i=1",
+        "--cursor=",
+        "--field=MESSAGE",
+        "--unit=vllm.service",
+        "--",
+        "-",
+        "-x",
+        "",
+    ]
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(words=st.lists(WORDS | st.text(max_size=12), max_size=8))
+def test_no_command_line_crashes_it(words: list[str]) -> None:
+    """Any argv (but --follow, which waits for changes) ends with 0, 1 or 2, never a signal;
+    the empty directory given first keeps it off the host's journal."""
+    empty = Path("/nonexistent-vllm-supervisor-test-journal")
+    words = [w.replace("\0", "") for w in words]
+    result = run(f"--directory={empty}", *words)
+    assert result.returncode in (0, 1, 2), (words, result.returncode, result.stderr[-500:])
+    if result.returncode == 2:
+        assert b"vllm-supervisor-journal-reader: error: " in result.stderr
