@@ -149,11 +149,14 @@ def _following(follower: str) -> Iterator[_Run]:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(child) for child in text.split()]
+    """The children of every thread of `pid` (a peer's journalctl is its thread's child)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children += [int(child) for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
 
 
 def _switches(pid: int) -> int:
