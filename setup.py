@@ -56,7 +56,8 @@ class OptionalBuildExt(build_ext):
             print(f"warning: native journal reader not built ({exc})", file=sys.stderr)
 
     def get_outputs(self) -> list[str]:
-        return [*super().get_outputs(), str(self._package_dir() / READER_PROGRAM)]
+        program = self._package_dir() / READER_PROGRAM
+        return [*super().get_outputs(), *([str(program)] if program.exists() else [])]
 
 
 setup(
