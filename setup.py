@@ -8,6 +8,8 @@ without a compiler the rows are parsed in Python.
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from setuptools.command.build_ext import build_ext
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 READER_SOURCE = "supervisor/journal/journal_reader.c"
-# Installed beside the package's modules, where `reader.native_reader_path` looks for it.
+# Installed beside the package's modules, where `reader.NATIVE_READER` looks for it.
 READER_PROGRAM = "vllm-supervisor-journal-reader"
 
 
@@ -50,7 +52,12 @@ class OptionalBuildExt(build_ext):
                 extra_postargs=FLAGS,
             )
             self.compiler.link_executable(
-                objects, READER_PROGRAM, output_dir=str(self._package_dir()), libraries=["systemd"]
+                objects,
+                READER_PROGRAM,
+                output_dir=str(self._package_dir()),
+                libraries=["systemd"],
+                # As an extension's link gets them (a libsystemd outside the default paths).
+                extra_postargs=shlex.split(os.environ.get("LDFLAGS", "")),
             )
         except Exception as exc:
             print(f"warning: native journal reader not built ({exc})", file=sys.stderr)

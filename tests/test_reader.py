@@ -72,6 +72,38 @@ class TestCommandLine:
         assert flag in journalctl_argv(ReaderSettings(start_at=start), None)
 
 
+async def _run_child(argv: list[str]) -> tuple[int, list[str]]:
+    """Run a reader child to its end: its exit status and its stderr lines."""
+    child = await asyncio.create_subprocess_exec(
+        *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    _, errors = await asyncio.wait_for(child.communicate(), 30)
+    return child.returncode or 0, errors.decode().splitlines()
+
+
+class TestRefusedCursor:
+    """Only a failed seek drops the saved cursor; any other failure keeps it."""
+
+    async def test_a_usage_error_naming_cursor_keeps_the_cursor(self, journal_dir: Path) -> None:
+        """The program's usage line names `--cursor`: not a refusal of the saved one."""
+        status, errors = await _run_child([str(NATIVE_READER), "--bogus"])
+        assert status == 2 and any("--cursor" in line for line in errors)
+        reader = JournalctlReader(ReaderSettings(directory=journal_dir), cursor="s=1;i=2")
+        await reader._after_exit(status, errors)
+        assert reader.cursor == "s=1;i=2"
+        assert not reader.cursor_rejected
+
+    async def test_a_failed_seek_drops_it(self, journal_dir: Path, writer: JournalWriter) -> None:
+        writer.write(service_lines(UNIT, "a" * 32, ["one line"]))
+        argv = native_argv(ReaderSettings(directory=journal_dir, follow=False), "s=bogus")
+        status, errors = await _run_child(argv)
+        assert errors[0].startswith("Failed to seek to cursor")
+        reader = JournalctlReader(ReaderSettings(directory=journal_dir), cursor="s=bogus")
+        await reader._after_exit(status, errors)
+        assert reader.cursor is None
+        assert reader.cursor_rejected
+
+
 class TestRealJournal:
     """Reading and following journals written by journal-remote."""
 

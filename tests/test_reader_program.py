@@ -45,6 +45,31 @@ class TestCommandLine:
         assert result.returncode == 2
         assert b"unexpected argument: vllm.service" in result.stderr
 
+    def test_a_short_option_is_named_as_given(self) -> None:
+        result = run("--lines", "-xy")
+        assert b"unknown or incomplete option: -x" in result.stderr
+
+    def test_too_many_units_is_a_usage_error(self) -> None:
+        result = run(*(f"--unit=u{i}.service" for i in range(65)))
+        assert result.returncode == 2
+        assert b"vllm-supervisor-journal-reader: error: more than 64 --unit: u64" in result.stderr
+
+    def test_any_data_threshold_the_daemon_may_ask_is_taken(self, tmp_path: Path) -> None:
+        """max_line_chars has no upper bound in the config: neither has the threshold."""
+        result = run(f"--directory={tmp_path}", "--data-threshold=1099511627776")
+        assert result.returncode == 0, result.stderr
+
+    def test_a_reader_that_goes_away_ends_it_cleanly(self, tmp_path: Path) -> None:
+        """Its stdout closed after a few bytes: exit 0 (EPIPE), not death by SIGPIPE."""
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(service_lines(UNIT, "a" * 32, [f"line {i}" * 20 for i in range(20000)]))
+        settings = ReaderSettings(directory=tmp_path / "journal", follow=False)
+        child = subprocess.Popen(native_argv(settings, None), stdout=subprocess.PIPE)
+        assert child.stdout is not None
+        assert child.stdout.read(100)
+        child.stdout.close()
+        assert child.wait(timeout=10) == 0
+
     def test_a_missing_file_fails_as_journalctl_does(self, tmp_path: Path) -> None:
         result = run(f"--file={tmp_path / 'gone.journal'}")
         assert result.returncode == 1

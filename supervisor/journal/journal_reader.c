@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -336,11 +337,11 @@ static int wait_for_change(sd_journal *j, int timeout_ms) {
     return r < 0 ? r : 0;
 }
 
+static int usage_error(const char *message, const char *value);
+
 static int add_name(Name *names, size_t *count, const char *name, const char *what) {
-    if (*count >= MAX_FIELDS) {
-        fprintf(stderr, "at most %d %s\n", MAX_FIELDS, what);
-        return -1;
-    }
+    if (*count >= MAX_FIELDS)
+        return usage_error(what, name);
     names[*count].name = name;
     names[*count].len = strlen(name);
     (*count)++;
@@ -571,11 +572,11 @@ static int parse_options(int argc, char **argv, Options *o, Run *run) {
             o->files[o->n_files++] = optarg;
             break;
         case UNIT:
-            if (add_name(run->sel.units, &run->sel.n_units, optarg, "units") < 0)
+            if (add_name(run->sel.units, &run->sel.n_units, optarg, "more than 64 --unit") != 0)
                 return 2;
             break;
         case FIELD:
-            if (add_name(run->sel.fields, &run->sel.n_fields, optarg, "fields") < 0)
+            if (add_name(run->sel.fields, &run->sel.n_fields, optarg, "more than 64 --field") != 0)
                 return 2;
             break;
         case FOLLOW:
@@ -591,7 +592,7 @@ static int parse_options(int argc, char **argv, Options *o, Run *run) {
             o->start = optarg;
             break;
         case THRESHOLD:
-            if (number(optarg, 0, 1L << 30, &o->data_threshold) < 0)
+            if (number(optarg, 0, LONG_MAX, &o->data_threshold) < 0)
                 return usage_error("--data-threshold must be a number of bytes", optarg);
             break;
         case LINGER:
@@ -601,8 +602,12 @@ static int parse_options(int argc, char **argv, Options *o, Run *run) {
         case LINES:
             run->sel.lines = 1;
             break;
-        default:
-            return usage_error("unknown or incomplete option", argv[optind - 1]);
+        default: {
+            /* A rejected short option leaves optind on its word, a long one moves past it. */
+            char flag[3] = {'-', (char)optopt, '\0'};
+            int is_short = optopt > LINES; /* long options report their value, 1..LINES */
+            return usage_error("unknown or incomplete option", is_short ? flag : argv[optind - 1]);
+        }
         }
     }
     if (optind < argc)
@@ -612,6 +617,11 @@ static int parse_options(int argc, char **argv, Options *o, Run *run) {
 
 int main(int argc, char **argv) {
     static Out out;
+    if (argc < 1)
+        return usage_error("no program name", NULL);
+    /* A reader that went away is an end, not a crash: writes then fail with EPIPE, which every
+     * write path turns into exit 0 (the interpreter that used to run this ignored it too). */
+    signal(SIGPIPE, SIG_IGN);
     Options o = {.start = "head"};
     Run run = {.out = &out, .entry = {NULL, 0, 0}};
     int status = parse_options(argc, argv, &o, &run);

@@ -107,6 +107,12 @@ def reader_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     return journalctl_argv(settings, cursor)
 
 
+def _refuses_cursor(line: str) -> bool:
+    """journalctl's (and the native reader's) message for a cursor it cannot seek to; a usage
+    line naming `--cursor` is not one."""
+    return line.startswith("Failed to seek to cursor")
+
+
 def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = False) -> list[str]:
     """The libsystemd child's command line: the same start points as `journalctl_argv`.
 
@@ -349,7 +355,7 @@ class JournalctlReader:
             return
         message = "; ".join(errors[-3:]) or f"exit status {returncode}"
         log.warning("journalctl_failed", returncode=returncode, error=message, argv=self._argv)
-        if any("cursor" in line.lower() for line in errors) and self.cursor is not None:
+        if self.cursor is not None and any(_refuses_cursor(line) for line in errors):
             # A cursor of another journal (or a corrupt one) is refused by journalctl outright;
             # following from where the caller's policy says beats a crash loop of our own.
             log.warning(
