@@ -319,8 +319,8 @@ async def _follow(root: Path) -> dict[str, Any]:
     task = asyncio.create_task(app.run_daemon(config, stop, asyncio.Event()))
     await was_built.wait()
     await built[0].reader.following.wait()
-    # The reader child is started, not yet reading: its interpreter's start (~25 ms of CPU) is
-    # not following. Its answer to a sync request comes after its first pass over the journal.
+    # The reader child is spawned, not yet reading: its start and its first pass over the
+    # journal are not following. Its answer to a sync request comes after that pass.
     if not await built[0].reader.sync(30.0):
         raise SystemExit("the reader child answered no sync request")
     window.begin()
