@@ -43,6 +43,31 @@ remediation = "fix {what}"
 """
 
 
+class TestLazyCompile:
+    """Each regex compiles at its first use; loading validates them all."""
+
+    def test_a_loaded_table_has_compiled_none(self) -> None:
+        table = load_signature_table()
+        assert sum(s.compiled.built + s.compiled_frames.built for s in table.signatures) == 0
+
+    def test_a_match_compiles_only_what_the_set_found(self) -> None:
+        table = load_signature_table()
+        line = (
+            "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version "
+            "(0.6.4)"
+        )
+        match = table.match(line)
+        assert match is not None and match.signature.id == "flashinfer_cubin_mismatch"
+        built = sum(s.compiled.built for s in table.signatures)
+        assert 1 <= built <= 3
+        assert match.signature.compiled.built >= 1
+
+    def test_an_invalid_pattern_is_still_refused_at_load(self, tmp_path: Path) -> None:
+        path = _write(tmp_path, "bad.toml", GOOD.replace("good (?P<what>\\w+)", "good (unclosed"))
+        with pytest.raises(SignatureTableError, match=r"patterns\[0\]: invalid regex"):
+            load_signature_table([path])
+
+
 class TestShippedTable:
     def test_default_dir_loads(self, table: SignatureTable) -> None:
         """The shipped table loads and holds at least 40 cause signatures plus noise."""

@@ -4,7 +4,9 @@ The table is data (`config/signatures/<domain>.toml`), so a new crash class is a
 entry with a test vector, not code. Every pattern is compiled with RE2, whose matching time is
 linear in the line length: a hostile or pathological log line cannot stall the daemon. All
 patterns also go into one `re2.Set`, so a line is scanned once whatever the table's size, and the
-individual regexes run only for the few signatures the set reports.
+individual regexes run only for the few signatures the set reports. Those are compiled at their
+first use (each was validated when the table loaded): a daemon's life needs a handful of the
+~300, and compiled they hold ~5 kB each (1.4 MB of an idle daemon's 40 MB).
 
 Ranking when several signatures match one line: noise first (a noise line is never a cause),
 then causes, then generic wrappers; within a kind the higher `priority`, then the table order.
@@ -13,7 +15,7 @@ then causes, then generic wrappers; within a kind the higher `priority`, then th
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -64,14 +66,45 @@ class Signature:
     startup_severity: Severity | None = None  # before the server ever served, when it differs
     serving_severity: Severity | None = None  # after it served, when it differs
     order: int = 0  # position in the table, the last tie-breaker
-    compiled: tuple[Any, ...] = field(default=(), compare=False, repr=False)
-    compiled_frames: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    compiled: LazyRegexes = field(init=False, compare=False, repr=False)
+    compiled_frames: LazyRegexes = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compiled", LazyRegexes(self.patterns))
+        object.__setattr__(self, "compiled_frames", LazyRegexes(self.frames))
 
     def render_remediation(self, captures: Mapping[str, str]) -> str | None:
         """The remediation with `{capture}` names filled in (`?` for one the line lacked)."""
         if self.remediation is None:
             return None
         return self.remediation.format_map(_Captures(captures))
+
+
+class LazyRegexes:
+    """A signature's patterns as RE2 regexes, each compiled when first asked for."""
+
+    __slots__ = ("_patterns", "_regexes")
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self._patterns = patterns
+        self._regexes: list[Any] = [None] * len(patterns)
+
+    def __len__(self) -> int:
+        return len(self._patterns)
+
+    @property
+    def built(self) -> int:
+        """How many are compiled so far."""
+        return sum(regex is not None for regex in self._regexes)
+
+    def __getitem__(self, index: int) -> Any:
+        regex = self._regexes[index]
+        if regex is None:
+            regex = self._regexes[index] = compile_pattern(self._patterns[index])
+        return regex
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self[index] for index in range(len(self._patterns)))
 
 
 class _Captures(dict[str, str]):
@@ -221,7 +254,7 @@ def _captures(m: Any) -> Mapping[str, str]:
 
 
 def _build(spec: SignatureSpec, order: int) -> Signature:
-    """A compiled Signature from a validated spec."""
+    """A Signature from a validated spec (its patterns compile at first use)."""
     return Signature(
         id=spec.id,
         title=spec.title,
@@ -237,8 +270,6 @@ def _build(spec: SignatureSpec, order: int) -> Signature:
         startup_severity=spec.startup_severity,
         serving_severity=spec.serving_severity,
         order=order,
-        compiled=tuple(compile_pattern(p) for p in spec.patterns),
-        compiled_frames=tuple(compile_pattern(p) for p in spec.frames),
     )
 
 
