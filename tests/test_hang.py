@@ -59,6 +59,37 @@ def pid1(event: LifecycleEvent, inv: str = INV) -> JournalEntry:
 DEAD = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
 
 
+_LINES = st.sampled_from(
+    [
+        DEAD,
+        "INFO: 127.0.0.1 - GET /health 200",
+        "Worker proc VllmWorker-1 died unexpectedly, shutting down executor.",
+        "Engine process (pid 4) died",
+        "died unexpectedly",  # a hint alone: the regex decides
+        "EngineDeadError",
+    ]
+)
+_ENTRIES = st.one_of(
+    st.builds(line, _LINES | st.text(max_size=40), st.sampled_from([INV, "b" * 32])),
+    st.builds(pid1, st.sampled_from(list(LifecycleEvent)), st.sampled_from([INV, "b" * 32])),
+    st.builds(line, _LINES, unit=st.just("other.service")),
+)
+
+
+@given(batches=st.lists(st.lists(_ENTRIES, max_size=6), max_size=6))
+def test_a_batch_is_observed_as_its_entries_one_by_one(batches: list[list[JournalEntry]]) -> None:
+    """observe_batch skips batches that cannot matter: the deaths noted stay the same."""
+    clock = Clock()
+    whole, single = (HangDetector({UNIT: 30.0}, clock=clock) for _ in range(2))
+    for batch in batches:
+        whole.observe_batch(batch)
+        for entry in batch:
+            single.observe(entry)
+        assert whole.next_due() == single.next_due()
+        assert whole.due(clock.now + 31) == single.due(clock.now + 31)
+        clock.now += 1
+
+
 class TestHangDetector:
     @pytest.mark.parametrize(
         ("entries", "advance", "due"),

@@ -98,9 +98,15 @@ class DriftRecorder:
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         """Note new starts and good starts; the batch passes unchanged."""
+        units, starts = self._units, self._starts
         for entry in batch:
-            if entry.unit in self._units and entry.invocation_id is not None:
-                self._observe(entry.unit, entry.invocation_id, entry)
+            unit, invocation_id = entry.unit, entry.invocation_id
+            if unit not in units or invocation_id is None:
+                continue
+            start = starts.get(unit)
+            if start is not None and start.good and start.invocation_id == invocation_id:
+                continue  # most lines: a known start, already judged good
+            self._observe(unit, invocation_id, entry)
         return batch
 
     def _observe(self, unit: str, invocation_id: str, entry: JournalEntry) -> None:
