@@ -106,11 +106,13 @@ class DriftRecorder:
             start = starts.get(unit)
             if start is not None and start.good and start.invocation_id == invocation_id:
                 continue  # most lines: a known start, already judged good
-            self._observe(unit, invocation_id, entry)
+            self._observe(unit, invocation_id, entry, start)
         return batch
 
-    def _observe(self, unit: str, invocation_id: str, entry: JournalEntry) -> None:
-        start = self._starts.get(unit)
+    def _observe(
+        self, unit: str, invocation_id: str, entry: JournalEntry, start: _Start | None
+    ) -> None:
+        """A line of a new start, or of a start not yet judged good (`start`: the unit's last)."""
         seen = entry.realtime_us / 1e6
         if start is None or start.invocation_id != invocation_id:
             start = _Start(unit, invocation_id, seen)
@@ -122,8 +124,6 @@ class DriftRecorder:
                 self._queue.put_nowait(start)
             else:
                 start.recorded.set()  # too old: today's environment says nothing about it
-        if start.good:
-            return
         serving = not entry.from_pid1 and is_serving_line(entry.message)
         if serving or seen - start.started >= self.config.drift.good_start_s:
             start.good = True
