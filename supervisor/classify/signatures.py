@@ -3,10 +3,11 @@
 The table is data (`config/signatures/<domain>.toml`), so a new crash class is a reviewed TOML
 entry with a test vector, not code. Every pattern is compiled with RE2, whose matching time is
 linear in the line length: a hostile or pathological log line cannot stall the daemon. All
-patterns also go into one `re2.Set`, so a line is scanned once whatever the table's size, and the
-individual regexes run only for the few signatures the set reports. Those are compiled at their
-first use (each was validated when the table loaded): a daemon's life needs a handful of the
-~300, and compiled they hold ~5 kB each (1.4 MB of an idle daemon's 40 MB).
+patterns also go into `re2.Set`s of a bounded size, so a line is scanned once per few hundred
+patterns whatever the table's size, and the individual regexes run only for the few signatures
+the sets report. Those are compiled at their first use (each was validated when the table
+loaded): a daemon's life needs a handful of the ~300, and compiled they hold ~5 kB each (1.4 MB
+of an idle daemon's 40 MB).
 
 Ranking when several signatures match one line: noise first (a noise line is never a cause),
 then causes, then generic wrappers; within a kind the higher `priority`, then the table order.
@@ -31,6 +32,11 @@ ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
 DEFAULT_MAX_LINE_CHARS = 4096
 
 _KIND_RANK = {"noise": 2, "cause": 1, "wrapper": 0}
+# Patterns per RE2 set and the memory each is given (measured: 2,023 patterns need 32 MiB as
+# one set, 10,693 need 64 MiB; 256 to a set scan a line in about the time one set does).
+SET_PATTERNS = 256
+SET_BYTES_PER_PATTERN = 64 << 10
+RE2_DEFAULT_MAX_MEM = 8 << 20
 
 
 def _default_signature_dir() -> Path:
@@ -141,6 +147,30 @@ def _options() -> Any:
     return options
 
 
+def _compile_set(signatures: Sequence[Signature], owners: Sequence[tuple[int, int]]) -> Any:
+    """One RE2 set of these patterns, its memory budget sized from their number.
+
+    RE2's default budget (8 MiB) holds a few hundred patterns: a table of ~1,000 signatures
+    failed to compile as one set and took the daemon down on a reload. Sets of at most
+    SET_PATTERNS patterns, each with room for them, load any table; a set that still does not
+    compile is a one-line table error naming its signatures' files."""
+    options = _options()
+    options.max_mem = max(RE2_DEFAULT_MAX_MEM, len(owners) * SET_BYTES_PER_PATTERN)
+    rset = re2.Set.SearchSet(options)
+    for sig_index, pattern_index in owners:
+        rset.Add(signatures[sig_index].patterns[pattern_index])
+    try:
+        rset.Compile()
+    except re2.error as exc:
+        domains = sorted({signatures[sig_index].domain for sig_index, _ in owners})
+        ids = [signatures[owners[0][0]].id, signatures[owners[-1][0]].id]
+        raise SignatureTableError(
+            f"signatures {ids[0]} .. {ids[1]} (files {', '.join(domains)}): RE2 cannot compile "
+            f"their {len(owners)} patterns within {options.max_mem >> 20} MiB: simplify them"
+        ) from exc
+    return rset
+
+
 def compile_pattern(pattern: str) -> Any:
     """Compile one RE2 regex; raise ValueError with RE2's reason when it is invalid."""
     try:
@@ -158,13 +188,16 @@ class SignatureTable:
     ) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
         self.max_line_chars = max_line_chars
-        self._owners: list[tuple[int, int]] = []  # set index -> (signature index, pattern index)
-        self._set = re2.Set.SearchSet(_options())
-        for sig_index, signature in enumerate(self.signatures):
-            for pattern_index, pattern in enumerate(signature.patterns):
-                self._set.Add(pattern)
-                self._owners.append((sig_index, pattern_index))
-        self._set.Compile()
+        # pattern number -> (signature index, pattern index)
+        self._owners: list[tuple[int, int]] = [
+            (sig_index, pattern_index)
+            for sig_index, signature in enumerate(self.signatures)
+            for pattern_index in range(len(signature.patterns))
+        ]
+        self._sets = [
+            (start, _compile_set(self.signatures, self._owners[start : start + SET_PATTERNS]))
+            for start in range(0, len(self._owners), SET_PATTERNS)
+        ]
         self._by_id = {signature.id: signature for signature in self.signatures}
 
     def __len__(self) -> int:
@@ -180,8 +213,8 @@ class SignatureTable:
         return frozenset(s.domain for s in self.signatures)
 
     def _hits(self, text: str) -> list[tuple[int, int]]:
-        """(signature, pattern) pairs whose pattern the set finds in `text`, best first."""
-        found = self._set.Match(text) if self._owners else None
+        """(signature, pattern) pairs whose pattern a set finds in `text`, best first."""
+        found = [start + i for start, rset in self._sets for i in rset.Match(text) or ()]
         if not found:
             return []
         hits = sorted({self._owners[i] for i in found})
