@@ -21,6 +21,7 @@ from .config import (
     DEFAULT_RUNTIME_DIR,
     DEFAULT_STATE_DIR,
     Config,
+    GateConfig,
     load_config,
     parse_listen,
     with_units,
@@ -299,10 +300,21 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    """`gate UNIT`: the ExecCondition check."""
+    """`gate UNIT`: the ExecCondition check. A config that does not load must not skip every
+    start (exit 2 is "condition failed" to systemd): the gate then checks the directories its
+    flags name, and the defaults, and says in one line what it could not read."""
     from .commands.gate import gate_main
 
-    config = resolve_config(args)
+    try:
+        config = resolve_config(args)
+    except SupervisorError as exc:
+        print(f"{args.unit}: the supervisor's config does not load ({exc})", file=sys.stderr)
+        return gate_main(
+            args.unit,
+            args.runtime_dir or DEFAULT_RUNTIME_DIR,
+            args.state_dir or DEFAULT_STATE_DIR,
+            wait_s=GateConfig().wait_s,
+        )
     return gate_main(
         args.unit, config.state.runtime_dir, config.state.state_dir, wait_s=config.gate.wait_s
     )

@@ -232,16 +232,31 @@ class Config:
         return self.dry_run or self.unit(unit).dry_run
 
 
+def _quoted_line(text: str, exc: tomllib.TOMLDecodeError) -> str:
+    """The key on the line a TOML error points at, so the one-line error names the typo.
+    Only the key: the value may be a secret (a webhook URL)."""
+    match = re.search(r"at line (\d+)", str(exc))
+    lines = text.splitlines()
+    if match is None or not 0 < int(match.group(1)) <= len(lines):
+        return ""
+    key, equals, _ = lines[int(match.group(1)) - 1].partition("=")
+    return f", in the value of {key.strip()[:80]!r}" if equals and key.strip() else ""
+
+
 def load_config(path: Path | None) -> Config:
     """Read and validate a config file; None gives the defaults."""
     if path is None:
         return validate(Config())
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid TOML: {exc}{_quoted_line(text, exc)}") from exc
     try:
         config = _build(Config, raw, "")
     except ConfigError as exc:

@@ -642,9 +642,10 @@ class Daemon:
         try:
             config = self._load_config()
             return config, load_table(config)
-        except SupervisorError as exc:
+        except Exception as exc:  # a reload may refuse a config, never end the daemon
+            error = str(exc) if isinstance(exc, SupervisorError) else repr(exc)
             self.metrics.signature_table([s.id for s in self.pipeline.table.signatures], False)
-            log.error("config_reload_failed", error=str(exc), action="kept the running config")
+            log.error("config_reload_failed", error=error, action="kept the running config")
             return None
 
     def _apply(self, config: Config, table: SignatureTable) -> None:

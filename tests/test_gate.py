@@ -55,13 +55,26 @@ class TestGate:
         assert code == EXIT_QUARANTINED
         assert "unreadable" in text
 
-    def test_not_a_directory_fails_closed(self, dirs: tuple[Path, Path]) -> None:
-        """A broken layout (a file where the directory should be) refuses the start."""
+    def test_a_directory_it_cannot_search_lets_the_start_through(
+        self, dirs: tuple[Path, Path]
+    ) -> None:
+        """A broken layout (a file where the directory should be) hides no record: the
+        supervisor's own trouble must not take the server down, so the start goes on and one
+        line says what the gate could not check."""
         dirs[0].mkdir()
         (dirs[0] / "quarantine").write_text("not a directory")
         code, text = gate("vllm.service", dirs)
-        assert code == EXIT_QUARANTINED
-        assert "cannot read quarantine" in text
+        assert code == EXIT_ALLOW
+        assert "cannot search" in text and str(dirs[0] / "quarantine") in text
+
+    def test_a_record_beside_a_broken_directory_still_refuses(
+        self, dirs: tuple[Path, Path]
+    ) -> None:
+        """Failing open on one directory never hides a record found in another."""
+        dirs[0].mkdir()
+        (dirs[0] / "quarantine").write_text("not a directory")
+        Quarantine(dirs[1] / "quarantine").write("vllm.service", {"signature": "sig"})
+        assert gate("vllm.service", dirs)[0] == EXIT_QUARANTINED
 
 
 class TestRelease:

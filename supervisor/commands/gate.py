@@ -4,8 +4,9 @@
 since systemd PR #22259, a skipped start is not restarted even with `Restart=always`), exit 0
 lets it run. It runs from *another* unit, so it must not trust that unit's RUNTIME_DIRECTORY:
 it reads the installed config (or `--config`), checks the configured directories and the
-defaults, runtime and persistent, and fails closed when a record exists but cannot be read or a
-directory cannot be searched.
+defaults, runtime and persistent. It fails closed on a quarantine record only (one that cannot
+be read or parsed included); a config it cannot load, a directory it cannot search, a daemon
+that does not answer or a fault of its own let the start go, with one line that says so.
 
 Before it reads the records it waits for the running daemon to have decided the unit's last run
 (supervisor.actions.gatekeeper), bounded by `gate.wait_s`: at any `RestartSec=`, even 0, the
@@ -41,7 +42,8 @@ def gate_main(
     defaults: Sequence[Path] = DEFAULT_DIRS,
     invocation_id: str | None = None,
 ) -> int:
-    """Exit status for ExecCondition: 1 while `unit` is quarantined (or unknowable), else 0.
+    """Exit status for ExecCondition: 1 while a record of `unit` exists (readable or not),
+    else 0, whatever else goes wrong.
 
     `invocation_id` is the start's own (systemd sets $INVOCATION_ID for ExecCondition=).
     """
@@ -49,6 +51,25 @@ def gate_main(
     refused = _check_records(unit, runtime_dir, state_dir, defaults, stream)
     if refused is not None:
         return refused
+    try:
+        return _wait_then_check(
+            unit, runtime_dir, state_dir, wait_s, stream, defaults, invocation_id
+        )
+    except Exception as exc:  # the gate's own fault: never the reason a server stays down
+        print(f"{unit}: start allowed: the gate failed ({exc!r}); please report it", file=stream)
+        return _check_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
+
+
+def _wait_then_check(
+    unit: str,
+    runtime_dir: Path,
+    state_dir: Path,
+    wait_s: float,
+    stream: TextIO,
+    defaults: Sequence[Path],
+    invocation_id: str | None,
+) -> int:
+    """Wait for the daemon's decision about the unit's last run, then read the records."""
     if invocation_id is None:
         invocation_id = os.environ.get("INVOCATION_ID") or None
     request = {"op": "gate", "unit": unit, "invocation_id": invocation_id}
@@ -76,21 +97,33 @@ def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -
 def _check_records(
     unit: str, runtime_dir: Path, state_dir: Path, defaults: Sequence[Path], stream: TextIO
 ) -> int | None:
-    """EXIT_QUARANTINED (with the reason printed) while a record exists or cannot be read."""
+    """EXIT_QUARANTINED (with the reason printed) while a record exists, readable or not.
+
+    A directory the gate cannot search hides no record it could name: the start goes on with
+    one line, since the supervisor's own broken state must not take the server down. A record
+    that exists but cannot be read or parsed still refuses (fail closed on a record only).
+    """
     for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
+        quarantine = Quarantine(directory)
         try:
-            record = Quarantine(directory).read(unit)
+            quarantine.path(unit).lstat()
+        except FileNotFoundError:
+            continue
         except OSError as exc:
             print(
-                f"{unit}: start refused, cannot read quarantine in {directory} ({exc.strerror}); "
-                "fix the permissions or run the gate as root (ExecCondition=+...)",
+                f"{unit}: cannot search {directory} ({exc.strerror}): a quarantine record "
+                "there would not be seen; fix its permissions or run the gate as root "
+                "(ExecCondition=+...)",
                 file=stream,
             )
-            return EXIT_QUARANTINED
-        if record is not None:
-            print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
-            print(f"release it with: vllm-supervisor release {unit}", file=stream)
-            return EXIT_QUARANTINED
+            continue
+        try:
+            record = quarantine.read(unit) or {"corrupt": True, "error": "removed while read"}
+        except OSError as exc:
+            record = {"corrupt": True, "error": f"{quarantine.path(unit)}: {exc.strerror}"}
+        print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
+        print(f"release it with: vllm-supervisor release {unit}", file=stream)
+        return EXIT_QUARANTINED
     return None
 
 

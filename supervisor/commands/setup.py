@@ -37,6 +37,7 @@ INSTALLED_CONFIG = Path("/etc/vllm-supervisor/supervisor.toml")
 DAEMON_UNIT = "vllm-supervisor.service"
 USER = "vllm-supervisor"
 DEFAULT_PROGRAM = "/usr/local/bin/vllm-supervisor"
+SHIPPED_GATE_DIRS = " --runtime-dir /run/vllm-supervisor --state-dir /var/lib/vllm-supervisor"
 COMMAND_TIMEOUT_S = 60.0
 SYSTEMD_TIMEOUT_S = 2.0  # one D-Bus call while reading the units' ExecStart=
 UNIT_DIR = Path("/etc/systemd/system")
@@ -83,16 +84,24 @@ def planned_files(
     files = [
         InstalledFile(
             DAEMON_UNIT_FILE,
-            _template("systemd/vllm-supervisor.service").replace(
-                f"{DEFAULT_PROGRAM} run --config {INSTALLED_CONFIG}", f"{program} run{flag}"
+            _template("systemd/vllm-supervisor.service")
+            .replace(f"{DEFAULT_PROGRAM} run --config {INSTALLED_CONFIG}", f"{program} run{flag}")
+            .replace(
+                f"{DEFAULT_PROGRAM} check-config {INSTALLED_CONFIG}",
+                f"{program} check-config {config_path}",
             ),
         ),
         InstalledFile(SYSUSERS_FILE, _template("sysusers.d/vllm-supervisor.conf")),
         InstalledFile(POLKIT_FILE, polkit_rule(units)),
         InstalledFile(CATALOG_FILE, _template("catalog/vllm-supervisor.catalog")),
     ]
+    # The gate is told the daemon's directories, so it finds a quarantine record even when the
+    # config it reads does not load.
+    directories = (
+        f" --runtime-dir {config.state.runtime_dir} --state-dir {config.state.state_dir}"
+    )
     gate = _template("systemd/vllm.service.d/10-vllm-supervisor.conf").replace(
-        f"{DEFAULT_PROGRAM} gate %n", f"{program} gate{flag} %n"
+        f"{DEFAULT_PROGRAM} gate{SHIPPED_GATE_DIRS} %n", f"{program} gate{flag}{directories} %n"
     )
     files += [InstalledFile(drop_in(unit), gate) for unit in units]
     pythons = {**(interpreters or {}), **{u.name: u.python for u in config.units if u.python}}
