@@ -16,20 +16,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from ..actions.systemd import SystemdClient, ask_once
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
 from ..environment.execstart import interpreter_from_exec_start
-from ..environment.reach import environment_root, hidden_by
+from ..environment.reach import HIDING, environment_root, hidden_by
 from ..errors import ConfigError, SupervisorError, SystemdError
-from ..util.files import atomic_write
+from ..util.safe_write import StagedFiles, read_regular, untrusted, unwritable
 
 MARKER = "# Written by `vllm-supervisor setup`; `vllm-supervisor setup --uninstall` removes it."
 DEPLOY = Path(__file__).resolve().parent.parent / "data" / "deploy"
@@ -48,6 +50,14 @@ CATALOG_FILE = Path("/usr/local/lib/systemd/catalog/vllm-supervisor.catalog")
 DROP_IN = "10-vllm-supervisor.conf"
 ENVIRONMENTS_DROP_IN = UNIT_DIR / f"{DAEMON_UNIT}.d" / "20-served-environments.conf"
 CREDENTIAL_FILE = Path("/etc/vllm-supervisor/slack-webhook")  # the unit's LoadCredential=
+TRUST_TOP = Path("/")  # where the checks of what root may trust stop (tests: their temp dir)
+INSTALL_HINT = (
+    "install into a root-owned venv (python3 -m venv /opt/vllm-supervisor &&"
+    " /opt/vllm-supervisor/bin/pip install vllm-supervisor) and run its setup, or pass"
+    " --program a root-owned vllm-supervisor outside /home, /root, /run/user, /tmp, /var/tmp"
+)
+POLKIT_ACCOUNTS = ("polkitd", "polkit")
+_PYTHON_VERSION = re.compile(r"^python(\d+\.\d+)")
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -97,9 +107,7 @@ def planned_files(
     ]
     # The gate is told the daemon's directories, so it finds a quarantine record even when the
     # config it reads does not load.
-    directories = (
-        f" --runtime-dir {config.state.runtime_dir} --state-dir {config.state.state_dir}"
-    )
+    directories = f" --runtime-dir {config.state.runtime_dir} --state-dir {config.state.state_dir}"
     gate = _template("systemd/vllm.service.d/10-vllm-supervisor.conf").replace(
         f"{DEFAULT_PROGRAM} gate{SHIPPED_GATE_DIRS} %n", f"{program} gate{flag}{directories} %n"
     )
@@ -127,26 +135,45 @@ def served_environments(interpreters: Iterable[str]) -> str | None:
     return "\n".join(lines) + "\n"
 
 
-def exec_start_interpreters(units: Iterable[str]) -> dict[str, str]:
-    """The Python each unit's ExecStart= runs, as systemd reports it over one bus connection
-    (units without one, or that systemd cannot say, are left out)."""
-    names = list(units)
+@dataclass(frozen=True, slots=True)
+class SystemdFacts:
+    """What systemd says of the configured units (`trouble`: why it could not be asked)."""
 
-    async def argvs(client: SystemdClient) -> dict[str, list[str]]:
-        found = {}
-        for unit in names:
-            with contextlib.suppress(SystemdError):
-                found[unit] = await client.exec_start(unit)
-        return found
+    interpreters: dict[str, str] = field(default_factory=dict)
+    not_found: tuple[str, ...] = ()
+    trouble: str | None = None
 
-    if not names:
-        return {}
+
+def ask_systemd(units: Sequence[str], *, exec_start_of: Iterable[str] = ()) -> SystemdFacts:
+    """Which of `units` systemd does not know, and the Python each of `exec_start_of` runs
+    (its ExecStart=; units without one, or that systemd cannot say, are left out), over one
+    bus connection."""
+    wanted = set(exec_start_of)
+
+    async def question(client: SystemdClient) -> tuple[dict[str, list[str]], list[str]]:
+        argvs, not_found = {}, []
+        for unit in units:
+            try:
+                await client.unit_state(unit)
+            except SystemdError as exc:
+                if exc.reason != "no_such_unit":
+                    raise
+                not_found.append(unit)
+                continue
+            if unit in wanted:
+                with contextlib.suppress(SystemdError):
+                    argvs[unit] = await client.exec_start(unit)
+        return argvs, not_found
+
+    if not units:
+        return SystemdFacts()
     try:
-        by_unit = ask_once(argvs, timeout_s=SYSTEMD_TIMEOUT_S)
-    except (SystemdError, OSError, TimeoutError):
-        return {}
+        by_unit, not_found = ask_once(question, timeout_s=SYSTEMD_TIMEOUT_S)
+    except (SystemdError, OSError, TimeoutError) as exc:
+        return SystemdFacts(trouble=str(exc) or type(exc).__name__)
     pythons = {unit: interpreter_from_exec_start(argv) for unit, argv in by_unit.items() if argv}
-    return {unit: str(python) for unit, python in pythons.items() if python is not None}
+    found = {unit: str(python) for unit, python in pythons.items() if python is not None}
+    return SystemdFacts(interpreters=found, not_found=tuple(not_found))
 
 
 def drop_in(unit: str) -> Path:
@@ -183,11 +210,12 @@ def _marked(text: str) -> str:
 
 
 def _is_ours(path: Path) -> bool:
+    """Whether `path` is a regular file setup wrote (never through a symlink)."""
     try:
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            return MARKER.removeprefix("# ") in handle.readline()
+        text = read_regular(path)
     except OSError:
         return False
+    return text is not None and MARKER.removeprefix("# ") in text.partition("\n")[0]
 
 
 def _command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -214,6 +242,38 @@ def default_program() -> str:
     return str(Path(sys.argv[0]).resolve()) if sys.argv and sys.argv[0] else DEFAULT_PROGRAM
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What setup will write, once every check passed, and what it should tell."""
+
+    files: list[InstalledFile]  # every file setup owns
+    changed: list[InstalledFile]  # those to write
+    credential: InstalledFile | None  # the credential file, when it is missing
+    warnings: list[str]
+
+
+def plan(config: Config, *, config_path: Path, program: str) -> Plan:
+    """Every check of setup, before it writes anything: root, the config, the program root
+    will run, each target directory, each file in the way; and what systemd says."""
+    _need_root()
+    if not config_path.is_file():
+        raise SetupError(
+            f"{config_path}: no config: write it first (config/supervisor.toml is a start)"
+        )
+    _refuse(program_problem(program, top=TRUST_TOP))
+    names = [u.name for u in config.units]
+    facts = ask_systemd(names, exec_start_of=[u.name for u in config.units if not u.python])
+    files = planned_files(
+        config, config_path=config_path, program=program, interpreters=facts.interpreters
+    )
+    _refuse(targets_problem([*(f.path for f in files), CREDENTIAL_FILE], top=TRUST_TOP))
+    credential = None  # LoadCredential= fails the unit without it; empty = Slack off
+    if not CREDENTIAL_FILE.exists() and not CREDENTIAL_FILE.is_symlink():
+        credential = InstalledFile(CREDENTIAL_FILE, "", mode=0o600)
+    warnings = config_warnings(config, config_path, facts)
+    return Plan(files, _changed(files), credential, warnings)
+
+
 def install(
     config: Config,
     *,
@@ -223,44 +283,68 @@ def install(
     out: TextIO,
     run: Run = _command,
 ) -> int:
-    """Write what changed, create the user, verify, reload, enable and start."""
-    _need_root()
-    if not config_path.is_file():
-        raise SetupError(
-            f"{config_path}: no config: write it first (config/supervisor.toml is a start)"
-        )
-    interpreters = exec_start_interpreters(u.name for u in config.units if not u.python)
-    files = planned_files(
-        config, config_path=config_path, program=program, interpreters=interpreters
-    )
-    for file in files:
-        if file.path.exists() and not _is_ours(file.path):
-            raise SetupError(f"{file.path}: exists and was not written by setup: move it away")
-    changed = 0
-    for file in files:
-        current = file.path.read_text(encoding="utf-8") if file.path.exists() else None
-        if current == file.text:
-            out.write(f"unchanged {file.path}\n")
-            continue
-        atomic_write(file.path, file.text, mode=file.mode)
-        out.write(f"wrote     {file.path}\n")
-        changed += 1
-    credential = CREDENTIAL_FILE
-    if not credential.exists():  # LoadCredential= fails the unit without it; empty = Slack off
-        atomic_write(credential, "", mode=0o600)
-        out.write(f"created   {credential} (empty: Slack off; put the webhook URL in it)\n")
+    """Check everything, then write what changed, create the user, verify, reload, enable and
+    start. A refusal comes before the first write: it leaves the system as it was."""
+    checked = plan(config, config_path=config_path, program=program)
+    for warning in checked.warnings:
+        sys.stderr.write(f"vllm-supervisor: warning: {warning}\n")
+    _write_all_or_nothing(checked.changed + ([checked.credential] if checked.credential else []))
+    for file in checked.files:
+        out.write(f"{'wrote    ' if file in checked.changed else 'unchanged'} {file.path}\n")
+    if checked.credential is not None:
+        path = checked.credential.path
+        out.write(f"created   {path} (empty: Slack off; put the webhook URL in it)\n")
     _must(run, "systemd-sysusers", str(SYSUSERS_FILE))
     _must(run, "systemd-analyze", "verify", str(DAEMON_UNIT_FILE))
     _must(run, "systemctl", "daemon-reload")
     _must(run, "journalctl", "--update-catalog")
     if start:
         _must(run, "systemctl", "enable", DAEMON_UNIT)
-        verb = "restart" if changed else "start"
+        verb = "restart" if checked.changed else "start"
         _must(run, "systemctl", verb, DAEMON_UNIT)
         out.write(f"{verb}ed  {DAEMON_UNIT}\n")
     units = ", ".join(u.name for u in config.units)
-    out.write(f"setup done: {changed} file(s) changed; supervising {units}\n")
+    out.write(f"setup done: {len(checked.changed)} file(s) changed; supervising {units}\n")
     return 0
+
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise SetupError(problem)
+
+
+def _changed(files: Sequence[InstalledFile]) -> list[InstalledFile]:
+    """The files whose text differs from what is installed; anything in the way that setup
+    did not write (a file, a symlink, a directory) is refused."""
+    changed = []
+    for file in files:
+        if (file.path.exists() or file.path.is_symlink()) and not _is_ours(file.path):
+            raise SetupError(f"{file.path}: exists and was not written by setup: move it away")
+        try:
+            current = read_regular(file.path)
+        except OSError as exc:
+            raise SetupError(f"{file.path}: cannot read it: {exc.strerror}") from exc
+        if current != file.text:
+            changed.append(file)
+    return changed
+
+
+def _write_all_or_nothing(files: Sequence[InstalledFile]) -> None:
+    staged = StagedFiles()
+    try:
+        for file in files:
+            staged.add(file.path, file.text.encode("utf-8"), mode=file.mode)
+    except OSError as exc:
+        staged.discard()
+        raise SetupError(f"{_os_error(exc)}: nothing was changed") from exc
+    try:
+        staged.commit()
+    except OSError as exc:
+        raise SetupError(f"{_os_error(exc)}: some files were replaced; run setup again") from exc
+
+
+def _os_error(exc: OSError) -> str:
+    return f"{exc.filename}: cannot write it: {exc.strerror}" if exc.filename else str(exc)
 
 
 def uninstall(config: Config, *, purge: bool = False, out: TextIO, run: Run = _command) -> int:
@@ -313,3 +397,148 @@ def missing_drop_ins(config: Config, root: Path = Path("/")) -> list[str]:
 def _need_root() -> None:
     if os.geteuid() != 0:
         raise SetupError("setup writes /etc and creates a system user: run it as root")
+
+
+def program_problem(program: str, *, top: Path = TRUST_TOP) -> str | None:
+    """Why the units must not run `program` (root runs it: `ExecCondition=+`), or None.
+
+    Refused: a relative or missing path; a program, interpreter, venv part or directory above
+    them that another account could change (checked up to `top`); a program or interpreter
+    the daemon's sandbox hides (it would fail with status=203/EXEC)."""
+    path = Path(program)
+    if not path.is_absolute():
+        return f"--program {program}: give the absolute path of a root-owned vllm-supervisor"
+    if not path.is_file():
+        return f"{program}: no such program; {INSTALL_HINT}"
+    interpreters = program_interpreters(path)
+    for part in [path, *_environments(interpreters)]:
+        found = untrusted(part, top=top)
+        if found is not None:
+            return (
+                f"{found}: root would run code that account controls (the gates' `+`"
+                f" ExecCondition=, the daemon's ExecStart= via {program}); {INSTALL_HINT}"
+            )
+    for part in [path, *interpreters]:
+        for seen in dict.fromkeys([part, Path(os.path.realpath(part))]):
+            hidden = hidden_from_daemon(seen)
+            if hidden is not None:
+                return f"{seen} {hidden}: the daemon could not run {program}; {INSTALL_HINT}"
+    return None
+
+
+def hidden_from_daemon(path: Path) -> str | None:
+    """How the daemon's unit hides `path` (its ProtectHome=, PrivateTmp=), or None."""
+    setting = hidden_by(str(path))
+    if setting is None:
+        return None
+    roots = dict(HIDING)[setting]
+    root = next(r for r in roots if path == Path(r) or Path(r) in path.parents)
+    return f"is under {root}, which the daemon's unit hides ({setting}yes; status=203/EXEC)"
+
+
+def program_interpreters(program: Path) -> list[Path]:
+    """What running `program` runs first: its `#!` interpreter and, through `env` or pip's
+    sh trampoline, the Python behind it."""
+    try:
+        with program.open("rb") as handle:
+            head = handle.read(256).decode(errors="replace")
+    except OSError:
+        return []
+    found = [Path(command)] if (command := shebang_command(head)) is not None else []
+    python = interpreter_from_exec_start([str(program)])
+    if python is not None:
+        found.append(python)
+    return list(dict.fromkeys(p for p in found if p.is_absolute()))
+
+
+def shebang_command(head: str) -> str | None:
+    """The command a script's `#!` line names (its first word), or None."""
+    first = head.partition("\n")[0]
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    return words[0] if words else None
+
+
+def _environments(interpreters: Iterable[Path]) -> list[Path]:
+    """Each interpreter and what it runs before any of ours: its venv's pyvenv.cfg, bin/ and
+    lib/ directories and the files at the top of its site-packages (a .pth there runs at
+    every start), and the base installation's standard library and site directories."""
+    parts: list[Path] = []
+    for interpreter in interpreters:
+        parts.append(interpreter)
+        venv = interpreter.parent.parent
+        if (venv / "pyvenv.cfg").is_file():
+            parts += [venv / "pyvenv.cfg", venv / "bin", venv / "lib"]
+            parts += _library(sorted((venv / "lib").glob("python3*")))
+        real = Path(os.path.realpath(interpreter))
+        version = _PYTHON_VERSION.match(real.name)
+        if version is not None and real.parent.name == "bin":
+            prefix = real.parent.parent
+            parts += _library([prefix / "lib" / f"python{version.group(1)}"])
+            parts += _library([prefix / "lib" / "python3"])  # Debian's dist-packages
+    return list(dict.fromkeys(parts))
+
+
+def _library(directories: Iterable[Path]) -> list[Path]:
+    parts: list[Path] = []
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        parts.append(directory)
+        for site in (directory / "site-packages", directory / "dist-packages"):
+            if site.is_dir():
+                parts += [site, *sorted(site.iterdir())]
+    return parts
+
+
+def targets_problem(paths: Iterable[Path], *, top: Path = TRUST_TOP) -> str | None:
+    """Why setup cannot write `paths` safely, or None: a directory another account could
+    change (it could plant or swap what root writes there), or one that cannot be written."""
+    for directory in dict.fromkeys(p.parent for p in paths):
+        found = untrusted(directory, top=top, owners=_owners(directory))
+        if found is not None:
+            return (
+                f"{found}: another account could plant or swap the files root writes there;"
+                f" chown root:root {found.path} && chmod go-w {found.path}, then run setup again"
+            )
+        blocked = unwritable(directory)
+        if blocked is not None:
+            return f"{blocked}: setup cannot write {directory}; nothing was changed"
+    return None
+
+
+def _owners(directory: Path) -> set[int]:
+    """Who may own a target directory: root; the polkit rules directory also polkit's own
+    account (Debian and Fedora ship it polkitd:root 0700), which decides authorisations
+    anyway."""
+    owners = {0}
+    if directory == POLKIT_FILE.parent:
+        for name in POLKIT_ACCOUNTS:
+            with contextlib.suppress(KeyError):
+                owners.add(pwd.getpwnam(name).pw_uid)
+    return owners
+
+
+def config_warnings(config: Config, config_path: Path, facts: SystemdFacts) -> list[str]:
+    """What setup installs but should tell: an inline webhook anyone can read, units systemd
+    does not know, or that systemd could not be asked."""
+    warnings = []
+    readable = config_path.stat().st_mode & 0o004
+    if config.slack.webhook_url is not None and readable:
+        warnings.append(
+            f"{config_path} is readable by every account and holds slack.webhook_url inline:"
+            f" anyone on this host can post to the channel; put the URL in {CREDENTIAL_FILE}"
+            " (root's, handed to the daemon as a credential) and remove it from the config"
+        )
+    warnings += [
+        f"systemd knows no unit {unit} (LoadState=not-found): the gate is installed but"
+        f" nothing runs it; check the [[unit]] name in {config_path}"
+        for unit in facts.not_found
+    ]
+    if facts.trouble is not None:
+        warnings.append(
+            f"cannot ask systemd about the configured units ({facts.trouble}): not checked"
+            " whether it knows them, nor which Python their ExecStart= runs"
+        )
+    return warnings
