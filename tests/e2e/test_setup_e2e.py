@@ -97,6 +97,20 @@ def exists(box: Container, path: str) -> bool:
     return box.run("test", "-e", path, check=False).returncode == 0
 
 
+def refuse_what_root_must_not_run(box: Container) -> None:
+    """A program under /home (ProtectHome= hides it from the daemon: status=203/EXEC) and one
+    in a venv another account owns (root would run its code) are refused in one line, exit 2,
+    before anything is written."""
+    box.run("/usr/bin/python3", "-m", "venv", "--without-pip", "/home/ops/vs")
+    box.run("chown", "-R", "65534:65534", "/home/ops/vs")
+    cases = [(f"{VENV}/bin/python", "ProtectHome="), ("/home/ops/vs/bin/python", "another account")]
+    for program, said in cases:
+        refused = box.run("vllm-supervisor", "setup", "--program", program, check=False)
+        assert refused.returncode == 2 and said in refused.stderr, refused
+        assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+        assert [p for p in INSTALLED if exists(box, p)] == []
+
+
 def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) -> None:
     """setup (twice: idempotent) → the fatal crash halted at the first run → uninstall."""
     pip_install(bare)
@@ -109,8 +123,12 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
         "sh", "-c", "chgrp -R systemd-journal /run/log/journal; chmod -R g+rX /run/log/journal"
     )
     bare.systemctl("restart", "systemd-journald")
-    first = bare.run("vllm-supervisor", "setup", timeout=120).stdout
+    refuse_what_root_must_not_run(bare)
+    done = bare.run("vllm-supervisor", "setup", timeout=120)
+    first = done.stdout
     assert all(path in first for path in INSTALLED), first
+    # systemd 252 answered over D-Bus and knows the configured unit: nothing to warn about.
+    assert "warning" not in done.stderr, done.stderr
     again = bare.run("vllm-supervisor", "setup", timeout=120).stdout
     assert "0 file(s) changed" in again and "wrote" not in again
     rule = bare.run("cat", "/etc/polkit-1/rules.d/50-vllm-supervisor.rules").stdout
