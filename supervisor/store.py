@@ -94,12 +94,38 @@ class Store:
         None when there is none (opening it would create it; the daemon owns that) or it cannot
         be opened: what such a command reads from it is extra information, never a reason to fail.
         """
-        if not (state_dir / DATABASE_NAME).exists():
-            return None
         try:
-            return cls.in_directory(state_dir)
+            return cls.read_only(state_dir)
         except StateError:
             return None
+
+    @classmethod
+    def read_only(cls, state_dir: Path) -> Store:
+        """The daemon's database opened for reading only: nothing is created, fixed or written.
+
+        StateError says why it cannot be read (`no state database at PATH` when there is none).
+        """
+        path = state_dir / DATABASE_NAME
+        try:
+            path.stat()
+        except FileNotFoundError:
+            raise StateError(f"no state database at {path}") from None
+        except OSError as exc:
+            raise StateError(f"{path}: cannot read the state database: {exc.strerror}") from exc
+        store = cls.__new__(cls)
+        store.path, store.lock = path, threading.RLock()
+        try:
+            store.connection = sqlite3.connect(
+                _read_only_uri(path), uri=True, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StateError(f"{path}: cannot read the state database: {exc}") from exc
+        try:
+            store.connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            store.connection.close()
+            raise StateError(f"{path}: cannot read the state database: {exc}") from exc
+        return store
 
     @classmethod
     def recover_in_directory(
@@ -234,6 +260,15 @@ def mark_notified(
         "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
         list(invocations),
     )
+
+
+def _read_only_uri(path: Path) -> str:
+    # A read-only connection to a WAL database makes its -wal and -shm files when they are
+    # missing (files a reader must not own); with neither there (the daemon closed cleanly)
+    # the main file is the whole database and is read as immutable, which needs neither.
+    uri = f"{path.absolute().as_uri()}?mode=ro"
+    live = all(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+    return uri if live else f"{uri}&immutable=1"
 
 
 def _dump(value: Any) -> str:
