@@ -81,6 +81,8 @@ class StatusReporter(Protocol):
 
 
 class UnitStates(Protocol):
-    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
+    """Reads a unit's state and command line (supervisor.actions.systemd.SystemdClient)."""
 
     async def unit_state(self, unit: str) -> UnitState: ...
+
+    async def exec_start(self, unit: str) -> list[str]: ...

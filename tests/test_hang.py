@@ -117,7 +117,11 @@ class TestHangDetector:
                 [UNIT],
             ),
             # SGLang's scheduler raised and nothing exits.
-            ([line("[2025-01-01 TP0] Scheduler hit an exception: Traceback")], 31, [UNIT]),
+            (
+                [line("[2025-01-01 10:00:00 TP0] Scheduler hit an exception: Traceback")],
+                31,
+                [UNIT],
+            ),
             # An ordinary line is no death.
             ([line("INFO:     127.0.0.1:5000 - GET /health 200 OK")], 31, []),
             # The invocation ended: systemd saw the process exit, the journal tells the rest.
@@ -301,9 +305,13 @@ class TestHangWatcher:
         self, tmp_path: Path, store: Store
     ) -> None:
         """After a hang is handled, the invocation's own end is not recorded a second time."""
-        config = _config(tmp_path)
+        config = _config(tmp_path, health_url="http://127.0.0.1:1/health")
         clock = Clock()
-        watcher = HangWatcher(config, systemd=None, clock=clock)
+
+        async def health(url: str) -> bool:
+            return True  # failing
+
+        watcher = HangWatcher(config, systemd=None, health=health, clock=clock)
         daemon = _daemon(config, store, watcher=watcher)
         await daemon.handle_batch([line("INFO starting"), line(DEAD)])
         clock.now += 1

@@ -33,10 +33,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..environment.serving import is_serving_line
 from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from .fingerprint import fingerprint
 from .logline import (
     Annotated,
+    ParsedLine,
     Role,
     TracebackBlock,
     annotate,
@@ -66,6 +68,13 @@ _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # A cause signature on a line logged below error level (a warning at import, an INFO line on
 # the KV cache) explains the crash only when no error or exception does.
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
+_INFO_LEVELS = frozenset({"DEBUG", "INFO"})
+# A request log line: vLLM's RequestLogger, SGLang's request dump. It quotes what a client sent.
+_REQUEST_LOG = re.compile(
+    r"\b(?:Received request|Generated response|Added request) \S+|\b(?:Receive|Finish): obj="
+)
+# Frames of a request being handled: the ASGI server's protocol and the web framework.
+_REQUEST_FRAMES = ("/uvicorn/protocols/", "/starlette/", "/fastapi/", "/aiohttp/web_protocol.py")
 _CODE_LIKE = re.compile(r"\s+(?:raise |return |assert |await |yield |self\.|\w+ = )")
 # The crash site is the frame a reader acts on: the model code that was running (a model's
 # layer, e.g. deepseek_v2.py building its attention), else the deepest frame of the server's own
@@ -115,7 +124,10 @@ class Classifier:
         Lines logged before `context_before_us` (journal time) are context, not causes.
         """
         ann = annotate(lines)
-        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, lines[i]))]
+        opened = clients_from(ann.lines)
+        candidates = [
+            c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, i >= opened))
+        ]
         crashed_blocks = [b for b in ann.blocks if not b.ignored]
         if not candidates:
             return _no_cause(crashed_blocks)
@@ -185,8 +197,19 @@ class Classifier:
         block_id = ann.block_of[index]
         return ann.blocks[block_id] if block_id >= 0 else None
 
-    def _candidate(self, ann: Annotated, index: int, raw: LogLine) -> _Candidate | None:
-        """The line at `index` as a root-cause candidate, or None."""
+    def _candidate(self, ann: Annotated, index: int, clients: bool) -> _Candidate | None:
+        """The line at `index` as a root-cause candidate, or None. `clients`: the server took
+        requests by then, so information (a request log quotes whatever a client sent) is no
+        cause. One request's failure (its handler's traceback) is context only."""
+        if clients and ann.roles[index] is Role.MESSAGE and ann.lines[index].level in _INFO_LEVELS:
+            return None
+        candidate = self._candidate_line(ann, index)
+        block = self._block(ann, index)
+        if candidate is None or block is None or not _handles_a_request(ann, block):
+            return candidate
+        return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
+
+    def _candidate_line(self, ann: Annotated, index: int) -> _Candidate | None:
         role = ann.roles[index]
         if role not in _MATCHED_ROLES:
             return None
@@ -194,6 +217,8 @@ class Classifier:
         if block is not None and block.ignored:
             return None
         line = ann.lines[index]
+        if role is Role.MESSAGE and _REQUEST_LOG.search(line.text):
+            return None
         if role is Role.MESSAGE and _CODE_LIKE.match(line.text):
             return None  # a source line of a traceback cut above it, not a message
         special = crash_form(ann, index) if role is Role.MESSAGE else None
@@ -379,12 +404,28 @@ def _phase_hint(
 ) -> str | None:
     """ "startup" or "serving" from the frames of the crash's traceback, when they tell."""
     blocks = [block] if block is not None and block.frames else crashed
+    if any(_handles_a_request(ann, b) for b in blocks):
+        return "serving"  # a request was being handled: it served, serving line or not
     frames = [ann.lines[f].text for b in blocks for f in b.frames]
     if any(_STARTUP_FRAMES.search(f) for f in frames):
         return "startup"
     if any(_SERVING_FRAMES.search(f) for f in frames):
         return "serving"
     return None
+
+
+def clients_from(lines: Sequence[ParsedLine]) -> int:
+    """The index of the first line that shows the server taking requests (its serving line,
+    or a request logged), len(lines) when none does: before it no client could write a line."""
+    for index, line in enumerate(lines):
+        if _REQUEST_LOG.search(line.text) or is_serving_line(line.text):
+            return index
+    return len(lines)
+
+
+def _handles_a_request(ann: Annotated, block: TracebackBlock) -> bool:
+    """True when the traceback went through the server's request handling."""
+    return any(m in ann.lines[f].text for f in block.frames for m in _REQUEST_FRAMES)
 
 
 def _deepest(ann: Annotated, frames: list[int], markers: tuple[str, ...]) -> int | None:
@@ -546,13 +587,18 @@ def best_guess(
     without their prefixes.
 
     Skipped: blank lines, caret markers, a traceback's frames, their source lines and its glue
-    (a traceback cut before its exception names no cause), and lines the table calls noise."""
-    texts = [parse_line(line).text.strip() for line in lines]
+    (a traceback cut before its exception names no cause), lines the table calls noise, and
+    information (a request log quotes whatever a client sent)."""
+    parsed = [parse_line(line) for line in lines]
+    texts = [line.text.strip() for line in parsed]
     after_frame = _after_frame(texts)
+    opened = clients_from(parsed)
     last: str | None = None
     for index in range(len(texts) - 1, -1, -1):
         text = texts[index]
         if not text or set(text) <= _MARKER_CHARS or text.startswith('File "'):
+            continue
+        if _REQUEST_LOG.search(text) or (index >= opened and parsed[index].level in _INFO_LEVELS):
             continue
         if after_frame[index] or text.startswith(_TRACEBACK_GLUE) or is_noise(text):
             continue

@@ -27,12 +27,15 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import structlog
 
 from ..config import Config
+from ..environment.execstart import serving_port
 from ..errors import SystemdError
-from ..model import JournalEntry, LifecycleEvent, Outcome
+from ..classify.logline import parse_line
+from ..model import JournalEntry, LifecycleEvent, LogLine, Outcome
 from ..seams import Supervision, UnitStates
 from ..util.aio import first_of
 
@@ -66,7 +69,12 @@ _ENDING = frozenset(
 )
 HEALTH_TIMEOUT_S = 5.0
 RETRY_S = 5.0  # a confirmation that could not be made (systemd did not answer) is retried
-_HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignored, per daemon
+_HUNG_REMEMBERED = 64
+# What may stand before a death phrase at the start of a line: a bare level word, and a
+# module path before an exception class (`vllm.v1.engine.exceptions.EngineDeadError: ...`).
+_QUALIFIER = re.compile(
+    r"^(?:(?:ERROR|CRITICAL|WARNING):?\s+)?(?:[A-Za-z_]\w*\.)*(?=[A-Z])"
+)  # invocations closed as hung whose later lines are ignored, per daemon
 
 
 @dataclass(slots=True)
@@ -130,7 +138,7 @@ class HangDetector:
                     break
             else:
                 return False
-        return self._pattern.search(message) is not None
+        return is_engine_death(message, self._pattern)
 
     def due(self, now: float) -> list[str]:
         """Units whose death line is older than their grace period, invocation not ended."""
@@ -161,6 +169,18 @@ class HangDetector:
         self._deaths.pop(unit, None)
 
 
+def is_engine_death(message: str, pattern: re.Pattern[str]) -> bool:
+    """True when a death line is the engine's own: it starts the line once its prefixes are
+    stripped (optionally as a qualified exception class), and is not logged as information.
+
+    A request log quotes what a client sent (`Received request ...: prompt: '...'`, INFO), so
+    a death phrase anywhere else in a line is no evidence of anything."""
+    parsed = parse_line(LogLine(text=message))
+    if parsed.level in ("DEBUG", "INFO"):
+        return False
+    return pattern.match(_QUALIFIER.sub("", parsed.text.lstrip(), count=1)) is not None
+
+
 def _ends(entry: JournalEntry, invocation_id: str | None) -> bool:
     """True when `entry` shows the invocation of a noted death has ended."""
     if invocation_id is not None and entry.invocation_id not in (None, invocation_id):
@@ -170,14 +190,8 @@ def _ends(entry: JournalEntry, invocation_id: str | None) -> bool:
 
 async def health_fails(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
     """True when the health URL answers non-2xx, times out or cannot be reached."""
-    import httpx  # only when a hang is being confirmed (see notify.webhook on why)
-
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
-            response = await client.get(url)
-    except httpx.HTTPError:
-        return True
-    return not response.is_success
+    status = await health_status(url, timeout_s=timeout_s)
+    return status is None or not HTTPStatus.OK <= status < HTTPStatus.MULTIPLE_CHOICES
 
 
 class HangWatcher:
@@ -247,7 +261,7 @@ class HangWatcher:
         if noted is None or not supervision.is_open(unit, noted[0]):
             self.detector.forget(unit)
             return None
-        if not await self._confirmed(unit):
+        if not await self.confirmed(unit):
             return None
         self.detector.forget(unit)
         invocation_id, host, line = noted
@@ -265,24 +279,73 @@ class HangWatcher:
         )
         return outcome
 
-    async def _confirmed(self, unit: str) -> bool:
-        """The unit is still active (when systemd is used) and its health URL fails (if set)."""
-        if self._systemd is not None:
-            try:
-                async with asyncio.timeout(self._systemd_timeout_s):
-                    state = await self._systemd.unit_state(unit)
-            except (SystemdError, TimeoutError) as exc:
-                log.warning("hang_check_failed", unit=unit, error=str(exc) or "timeout")
-                self.detector.postpone(unit, self._clock() + RETRY_S)
-                return False
-            if state.active_state != "active":
-                # It is stopping or restarting: the journal will show how it ended.
-                log.info("hang_not_confirmed", unit=unit, reason="unit_not_active")
-                self.detector.forget(unit)
-                return False
-        url = self.config.unit(unit).health_url
-        if url is not None and not await self._health(url):
+    async def confirmed(self, unit: str) -> bool:
+        """The unit is still active (when systemd is used) and the daemon's own probe says the
+        server is broken: its configured health URL fails, or, without one, the health route
+        on the port it serves (`port`, or read from its ExecStart=) answers 5xx. With neither
+        there is no evidence a client could not have written: no hang."""
+        if self._systemd is not None and not await self._still_active(self._systemd, unit):
+            return False
+        configured = self.config.unit(unit).health_url
+        if configured is not None:
+            if await self._health(configured):
+                return True
             log.info("hang_not_confirmed", unit=unit, reason="health_ok")
+        else:
+            url = await self._serving_health_url(unit)
+            status = None if url is None else await health_status(url)
+            if status is not None and status >= HTTPStatus.INTERNAL_SERVER_ERROR:
+                return True
+            log.warning(
+                "hang_not_confirmed",
+                unit=unit,
+                reason=_unconfirmed_reason(url, status),
+                action="set the unit's health_url to confirm engine deaths",
+            )
+        self.detector.forget(unit)
+        return False
+
+    async def _still_active(self, systemd: UnitStates, unit: str) -> bool:
+        try:
+            async with asyncio.timeout(self._systemd_timeout_s):
+                state = await systemd.unit_state(unit)
+        except (SystemdError, TimeoutError) as exc:
+            log.warning("hang_check_failed", unit=unit, error=str(exc) or "timeout")
+            self.detector.postpone(unit, self._clock() + RETRY_S)
+            return False
+        if state.active_state != "active":
+            # It is stopping or restarting: the journal will show how it ended.
+            log.info("hang_not_confirmed", unit=unit, reason="unit_not_active")
             self.detector.forget(unit)
             return False
         return True
+
+    async def _serving_health_url(self, unit: str) -> str | None:
+        """The loopback health route of the port the unit serves, when it can be known."""
+        port = self.config.unit(unit).port
+        if port is None and self._systemd is not None:
+            try:
+                async with asyncio.timeout(self._systemd_timeout_s):
+                    port = serving_port(await self._systemd.exec_start(unit))
+            except (SystemdError, TimeoutError):
+                port = None
+        return None if port is None else f"http://127.0.0.1:{port}/health"
+
+
+def _unconfirmed_reason(url: str | None, status: int | None) -> str:
+    if url is None:
+        return "no health_url, and no serving port known from the config or ExecStart="
+    if status is None:
+        return f"nothing answered on {url}"
+    return f"{url} answered {status}"
+
+
+async def health_status(url: str, *, timeout_s: float = HEALTH_TIMEOUT_S) -> int | None:
+    """The HTTP status a loopback health URL answers, None when nothing answers in time."""
+    import httpx  # only when a hang is being confirmed (see notify.webhook on why)
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+            return (await client.get(url)).status_code
+    except httpx.HTTPError:
+        return None

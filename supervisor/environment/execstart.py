@@ -125,3 +125,51 @@ def _shebang_interpreter(script: Path, search_path: str) -> Path | None:
     if program is None or not _PYTHON_NAME.match(Path(program).name):
         return None
     return _locate(program, search_path)
+
+
+# The port each engine's server listens on when its command line names none.
+_DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("vllm", "serve"), 8000),
+    (("vllm.entrypoints.openai.api_server",), 8000),
+    (("vllm.entrypoints.api_server",), 8000),
+    (("sglang.launch_server",), 30000),
+    (("text-generation-launcher",), 3000),
+)
+
+
+def serving_port(argv: Sequence[str]) -> int | None:
+    """The TCP port a server's ExecStart= makes it listen on: its `--port`, else the engine's
+    default (vLLM 8000, SGLang 30000, TGI 3000); None when neither is known."""
+    words = _words(list(argv))
+    for index, word in enumerate(words):
+        value = None
+        if word == "--port" and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith("--port="):
+            value = word.removeprefix("--port=")
+        if value is not None:
+            return (
+                int(value)
+                if value.isascii() and value.isdigit() and 0 < int(value) < 65536
+                else None
+            )
+    names = [Path(word).name for word in words]
+    for marks, port in _DEFAULT_PORTS:
+        if _contains_run(names, marks):
+            return port
+    return None
+
+
+def _words(argv: list[str]) -> list[str]:
+    """The command line's words, a shell's `-c` script split into its own."""
+    try:
+        argv = _strip_systemd_prefix(argv)
+        if argv and Path(argv[0]).name in _SHELLS and "-c" in argv[1:-1]:
+            return shlex.split(argv[argv.index("-c", 1) + 1])
+    except ValueError:  # an unbalanced quote: take the words as they are
+        pass
+    return argv
+
+
+def _contains_run(words: list[str], run: tuple[str, ...]) -> bool:
+    return any(tuple(words[i : i + len(run)]) == run for i in range(len(words)))

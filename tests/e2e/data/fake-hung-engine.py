@@ -14,9 +14,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 JOURNAL_PREFIX = re.compile(r"^[A-Z][a-z]{2} [ 0-9]{2} [0-9:]{8} [^ ]+ [^ ]+\[[0-9]+\]: ")
+# As vLLM prints it: the error line, then the traceback's last line (its frames left out).
 ENGINE_DEAD = (
     "(APIServer pid=41207) ERROR 03-03 09:14:31 [async_llm.py:480] AsyncLLM output_handler"
-    " failed. vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
+    " failed.\n(APIServer pid=41207) ERROR 03-03 09:14:31 [async_llm.py:480]"
+    " vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."
     " See stack trace (above) for the root cause."
 )
 
