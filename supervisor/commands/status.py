@@ -28,9 +28,11 @@ from ..actions.quarantine import quarantine_records
 from ..actions.systemd import SystemdClient, ask_once
 from ..app import LOCK_NAME
 from ..config import Config, parse_listen
-from ..errors import SupervisorError
+from ..environment.ports import PROC, Holder, holders
+from ..errors import SupervisorError, SystemdError
 from ..model import UnitState
 from ..store import Store
+from ..util.text import for_terminal, visible
 
 EXIT_HEALTHY = 0
 EXIT_HALTED = 1
@@ -39,6 +41,7 @@ LAST_VERDICTS = 3
 HEALTH_TIMEOUT_S = 2.0
 SYSTEMD_TIMEOUT_S = 2.0
 
+NO_SUCH_UNIT = "no such unit"  # systemd's LoadState=not-found
 UnitStates = Callable[[Sequence[str]], dict[str, UnitState | str]]
 Health = Callable[[str], tuple[bool, dict[str, Any]] | str]
 
@@ -50,7 +53,9 @@ class UnitStatus:
     unit: str
     systemd: dict[str, Any] | None  # ActiveState, SubState, NRestarts, InvocationID
     systemd_error: str | None = None
+    exists: bool | None = None  # False: systemd knows no such unit; None: it was not asked
     halted: dict[str, Any] | None = None  # the quarantine record, with its path
+    halted_error: str | None = None  # why the quarantine records could not be read
     last: tuple[dict[str, Any], ...] = ()  # newest first
     drift: tuple[str, ...] = ()  # of the newest crash
 
@@ -68,6 +73,7 @@ class DaemonStatus:
     healthy: bool | None = None  # None: /healthz not asked (metrics off) or not answering
     health: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    squatter: str | None = None  # who else holds the metrics port: /healthz not trusted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,10 +85,14 @@ class Status:
 
     @property
     def exit_code(self) -> int:
-        """0 healthy, 1 a unit halted, 3 the daemon down or unhealthy."""
+        """0 healthy, 1 a unit halted, 3 the daemon down or unhealthy, or can't tell (no such
+        unit, the quarantine records unreadable, another process on the metrics port)."""
         if any(u.halted for u in self.units):
             return EXIT_HALTED
-        if not (self.daemon.running and self.daemon.healthy is not False):
+        if any(u.exists is False or u.halted_error for u in self.units):
+            return EXIT_DAEMON_DOWN
+        daemon = self.daemon
+        if not (daemon.running and daemon.healthy is not False) or daemon.squatter:
             return EXIT_DAEMON_DOWN
         return EXIT_HEALTHY
 
@@ -105,16 +115,31 @@ def gather(
     """Read every source for `units` (the configured ones by default)."""
     names = list(units) or [u.name for u in config.units]
     states = (unit_states or systemd_states)(names) if names else {}
-    halted = quarantine_records(config)
+    halted, halted_error = _quarantine_records(config)
     history = _history(config.state.state_dir)
     daemon = daemon_status(config, health or ask_health)
     return Status(
         units=tuple(
-            _unit_status(name, states.get(name, "not asked"), halted.get(name), history)
+            _unit_status(
+                name,
+                states.get(name, "not asked"),
+                halted.get(name),
+                history,
+                halted_error=halted_error,
+            )
             for name in names
         ),
         daemon=daemon,
     )
+
+
+def _quarantine_records(config: Config) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The records, or why they could not be read (then no unit can be called not halted)."""
+    try:
+        return quarantine_records(config), None
+    except OSError as exc:
+        where = exc.filename or config.state.runtime_dir
+        return {}, f"cannot read the quarantine records: {where}: {exc.strerror or exc}"
 
 
 def _unit_status(
@@ -122,6 +147,8 @@ def _unit_status(
     state: UnitState | str,
     halted: dict[str, Any] | None,
     history: list[dict[str, Any]],
+    *,
+    halted_error: str | None = None,
 ) -> UnitStatus:
     mine = [h for h in history if isinstance(h, dict) and h.get("unit") == unit]
     mine = mine[-LAST_VERDICTS:][::-1]
@@ -132,7 +159,9 @@ def _unit_status(
         unit=unit,
         systemd=systemd,
         systemd_error=state if isinstance(state, str) else None,
+        exists=False if state == NO_SUCH_UNIT else (True if systemd is not None else None),
         halted=halted,
+        halted_error=None if halted else halted_error,
         last=last,
         drift=tuple(str(d) for d in crashes[0]["drift"]) if crashes else (),
     )
@@ -167,10 +196,7 @@ def _verdict_line(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _history(state_dir: Path) -> list[dict[str, Any]]:
-    try:
-        store = Store.existing_in_directory(state_dir)
-    except SupervisorError:
-        return []
+    store = Store.existing_in_directory(state_dir)  # read-only; None when it cannot be read
     if store is None:
         return []
     try:
@@ -189,8 +215,8 @@ def systemd_states(units: Sequence[str]) -> dict[str, UnitState | str]:
         for unit in units:
             try:
                 answers[unit] = await client.unit_state(unit)
-            except SupervisorError as exc:
-                answers[unit] = str(exc)
+            except SystemdError as exc:
+                answers[unit] = NO_SUCH_UNIT if exc.reason == "no_such_unit" else str(exc)
         return answers
 
     try:
@@ -207,11 +233,43 @@ def daemon_status(config: Config, health: Health) -> DaemonStatus:
     if not config.metrics.enabled:
         return DaemonStatus(running=True, pid=pid, error="metrics.enabled = false: no /healthz")
     host, port = parse_listen(config.metrics.listen, key="metrics.listen")
+    squatter = metrics_squatter(port, pid)
+    if squatter is not None:
+        return DaemonStatus(running=True, pid=pid, squatter=squatter)
     answer = health(f"http://{_url_host(host)}:{port}/healthz")
     if isinstance(answer, str):
         return DaemonStatus(running=True, pid=pid, error=answer)
     healthy, details = answer
     return DaemonStatus(running=True, pid=pid, healthy=healthy, health=details)
+
+
+def metrics_squatter(port: int, pid: int | None, proc: Path = PROC) -> str | None:
+    """Who, besides the daemon of the lock file (`pid`), listens on the metrics port; None when
+    no one does. A local user may bind the port while the daemon restarts: its /healthz
+    answer would then be the stranger's, and must not be reported as the daemon's health."""
+    strangers = [h for h in holders(port, proc) if not _is_daemon(h, pid, proc)]
+    if not strangers:
+        return None
+    who = "; ".join(_holder_words(h) for h in strangers)
+    return f"metrics port {port} held by {who}, not the supervisor (pid {pid or '?'})"
+
+
+def _is_daemon(holder: Holder, pid: int | None, proc: Path) -> bool:
+    if pid is None:
+        return False
+    if holder.pid is not None:
+        return holder.pid == pid
+    # Another user's open files are not visible: its uid is all the socket table tells.
+    try:
+        return holder.uid == (proc / str(pid)).stat().st_uid
+    except OSError:
+        return False
+
+
+def _holder_words(holder: Holder) -> str:
+    if holder.pid is None:
+        return f"a process of uid {holder.uid}"
+    return f"PID {holder.pid}" + (f" ({holder.command})" if holder.command else "")
 
 
 def _lock_holder(path: Path) -> tuple[bool | None, int | None, str | None]:
@@ -231,6 +289,8 @@ def _lock_holder(path: Path) -> tuple[bool | None, int | None, str | None]:
             return True, pid, None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False, None, "the supervisor is not running"
+    except OSError as exc:  # e.g. a directory where the lock file should be
+        return None, None, f"{path}: {exc.strerror or exc}"
     finally:
         os.close(fd)
 
@@ -262,20 +322,35 @@ def render_text(status: Status) -> str:
     for unit in status.units:
         out += _render_unit(unit)
     out += _render_daemon(status.daemon)
-    return "\n".join(out) + "\n"
+    # Each line is built from values of files, systemd and /healthz: shown, never obeyed, and
+    # a newline inside one cannot forge a line of the screen.
+    return "\n".join(visible(line) for line in out) + "\n"
+
+
+def _mark(unit: UnitStatus) -> str:
+    if unit.halted:
+        return "HALTED"
+    if unit.exists is False:
+        return NO_SUCH_UNIT
+    if unit.halted_error:
+        return "halt state unknown"
+    if unit.systemd is None:
+        return "not halted, systemd state unknown"
+    return "ok"
 
 
 def _render_unit(unit: UnitStatus) -> list[str]:
-    mark = "HALTED" if unit.halted else "ok"
-    lines = [f"● {unit.unit}: {mark}"]
+    lines = [f"● {unit.unit}: {_mark(unit)}"]
     if unit.systemd is not None:
         s = unit.systemd
         lines.append(
             f"    systemd:   {s['active_state']} ({s['sub_state']}), "
             f"{s['n_restarts']} automatic restarts, invocation {s['invocation_id'] or '-'}"
         )
-    else:
+    elif unit.exists is not False:
         lines.append(f"    systemd:   unknown ({unit.systemd_error})")
+    if unit.halted_error:
+        lines.append(f"    halted:    unknown ({unit.halted_error})")
     if unit.halted:
         h = unit.halted
         lines += [
@@ -302,6 +377,8 @@ def _render_daemon(daemon: DaemonStatus) -> list[str]:
         return [f"● vllm-supervisor: {state} ({daemon.error})"]
     health = {True: "healthy", False: "UNHEALTHY", None: "health unknown"}[daemon.healthy]
     lines = [f"● vllm-supervisor: running (pid {daemon.pid or '?'}), {health}"]
+    if daemon.squatter:
+        lines.append(f"    problem:   {daemon.squatter}; its /healthz is not asked")
     details = daemon.health
     if details:
         lines.append(
@@ -331,5 +408,5 @@ def status_main(
     if output_format == "json":
         out.write(json.dumps(status.to_json(), indent=2) + "\n")
     else:
-        out.write(render_text(status))
+        out.write(for_terminal(render_text(status)))
     return status.exit_code
