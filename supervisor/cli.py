@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import (
@@ -28,8 +29,10 @@ from .config import (
 )
 from .errors import SupervisorError
 from .telemetry.logs import configure_logging
+from .util.text import for_terminal, visible
 
 EXIT_USAGE = 2
+UNEXPECTED = "unexpected error, please report it with the command line"
 CONFIG_ENV = "VLLM_SUPERVISOR_CONFIG"
 INSTALLED_CONFIG = Path("/etc/vllm-supervisor/supervisor.toml")
 
@@ -37,22 +40,45 @@ INSTALLED_CONFIG = Path("/etc/vllm-supervisor/supervisor.toml")
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or the one-line usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     configure_logging(level=os.environ.get("VLLM_SUPERVISOR_LOG_LEVEL", "info"))
     try:
         return int(args.handler(args))
     except SupervisorError as exc:
-        print(f"vllm-supervisor: {exc}", file=sys.stderr)
+        print(f"vllm-supervisor: {visible(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the last net: one line, never a traceback
+        print(
+            f"vllm-supervisor: {args.command}: {UNEXPECTED}: {_shown(repr(exc))}", file=sys.stderr
+        )
+        return EXIT_USAGE
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its mistakes said in one line (`vllm-supervisor: status: ...`), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("vllm-supervisor").strip()
+        self.exit(EXIT_USAGE, f"vllm-supervisor: {where + ': ' if where else ''}{message}\n")
+
+
+def port_number(text: str) -> int:
+    """A TCP port for `--port`: 1..65535."""
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1..65535)")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """All subcommands and their flags (the CLI contract of DESIGN.md §4)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vllm-supervisor",
         description="Halt systemd restart loops of LLM inference servers on deterministic crashes.",
     )
@@ -114,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     preflight.add_argument("unit")
     preflight.add_argument("--config", type=Path)
     preflight.add_argument("--python", type=Path, help="the served unit's interpreter")
-    preflight.add_argument("--port", type=int)
+    preflight.add_argument("--port", type=port_number)
     preflight.add_argument("--runtime-dir", type=Path)
     preflight.add_argument("--state-dir", type=Path)
     preflight.add_argument("--format", choices=("text", "json"), default="text")
@@ -257,7 +283,8 @@ def cmd_signatures_list(args: argparse.Namespace) -> int:
 
     table = load_table(load_config(config_path(args)))
     for sig in table.signatures:
-        print(f"{sig.id:40} {sig.severity.value:9} {sig.kind:7} {sig.domain:12} {sig.title}")
+        line = f"{sig.id:40} {sig.severity.value:9} {sig.kind:7} {sig.domain:12} {sig.title}"
+        print(for_terminal(line))
     return 0
 
 
@@ -276,7 +303,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     config = resolve_config(args)
     path = config.state.state_dir
-    store = Store.in_directory(path)
+    store = Store.read_only(path)
     try:
         items = store.history(args.unit)
     finally:
@@ -285,18 +312,34 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(json.dumps({"invocations": items}, indent=2))
         return 0
     if not items:
-        print(f"no classified invocation in {path}")
+        print(for_terminal(f"no classified invocation in {path}"))
     for item in items:
-        verdict, decision = item["verdict"], item["decision"]
-        print(
-            f"{item['time']}  {item['unit']}  {item['invocation_id'] or '-'}  "
-            f"{verdict['severity']:9} {verdict['signature'] or '-':32} "
-            f"{decision['action']:13} notified={item['notified']}"
-            f"{'  engine hung' if item.get('hung') else ''}\n    {verdict['root_cause']}"
-        )
-        if item.get("drift"):
-            print(f"    changed since the last good start: {'; '.join(item['drift'])}")
+        print(for_terminal(_history_text(item)), end="")
     return 0
+
+
+def _history_text(item: dict[str, Any]) -> str:
+    """One recorded invocation for a person; every recorded value is shown `visible`."""
+    verdict, decision = _mapping(item.get("verdict")), _mapping(item.get("decision"))
+    text = (
+        f"{_shown(item.get('time'))}  {_shown(item.get('unit'))}  "
+        f"{_shown(item.get('invocation_id') or '-')}  {_shown(verdict.get('severity')):9} "
+        f"{_shown(verdict.get('signature') or '-'):32} {_shown(decision.get('action')):13} "
+        f"notified={item.get('notified')}{'  engine hung' if item.get('hung') else ''}\n"
+        f"    {_shown(verdict.get('root_cause'))}\n"
+    )
+    drift = item.get("drift")
+    if isinstance(drift, list) and drift:
+        text += f"    changed since the last good start: {_shown('; '.join(map(str, drift)))}\n"
+    return text
+
+
+def _shown(value: object) -> str:
+    return visible(str(value))
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

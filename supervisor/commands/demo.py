@@ -47,6 +47,7 @@ from ..config import (
     UnitConfig,
 )
 from ..environment.log import EnvironmentLog
+from ..errors import ConfigError, StateError, SupervisorError
 from ..journal.writer import (
     FieldValue,
     JournalWriter,
@@ -154,7 +155,15 @@ def site_packages(venv: Path) -> Path:
 
 def make_venv(venv: Path, dists: Sequence[Dist]) -> Path:
     """A real venv (no pip) holding `dists`; return its interpreter."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        last = (made.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SupervisorError(f"demo: cannot make the virtual environment {venv}: {last}")
     for name, version, requires in dists:
         write_dist(site_packages(venv), name, version, requires)
     return venv / "bin" / "python"
@@ -222,7 +231,7 @@ def full_demo_config(root: Path, *, python: Path, endpoint: DemoEndpoint) -> Con
 
 def run_demo(*, directory: Path | None = None, keep: bool = False) -> int:
     """Play the story into a real journal, with the daemon following it; show what it did."""
-    root = directory or Path(tempfile.mkdtemp(prefix="vllm-supervisor-demo-"))
+    root = _demo_root(directory)
     try:
         config, endpoint, python = asyncio.run(_demo(root))
         _show_results(config, endpoint, python)
@@ -230,6 +239,20 @@ def run_demo(*, directory: Path | None = None, keep: bool = False) -> int:
     finally:
         if not keep and directory is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _demo_root(directory: Path | None) -> Path:
+    """`--directory` made ready (ConfigError when it cannot be), or a fresh temp directory."""
+    if directory is None:
+        return Path(tempfile.mkdtemp(prefix="vllm-supervisor-demo-"))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()  # writable, not only existing
+    except OSError as exc:
+        raise ConfigError(
+            f"demo --directory {directory}: cannot write there: {exc.strerror or exc}"
+        ) from exc
+    return directory
 
 
 async def _demo(root: Path) -> tuple[Config, DemoEndpoint, Path]:
@@ -274,9 +297,9 @@ async def _until(
     while not done():
         if daemon.done():
             daemon.result()  # the daemon's own error, if it died
-            raise RuntimeError(f"demo: the daemon stopped before {what}")
+            raise SupervisorError(f"demo: the daemon stopped before {what}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"demo: no {what} within {DEADLINE_S:.0f} s")
+            raise SupervisorError(f"demo: no {what} within {DEADLINE_S:.0f} s")
         writer.nudge()  # wakes journalctl --follow on a journal-remote file
         await asyncio.sleep(0.05)  # polling a condition with a deadline, not synchronisation
 
@@ -328,6 +351,8 @@ def _with_store(config: Config, read: Callable[[Store], _T]) -> _T | None:
         return None
     try:
         return read(store)
+    except StateError:  # read-only: the daemon may not have made its tables yet
+        return None
     finally:
         store.close()
 

@@ -6,25 +6,46 @@ why, so a table author sees at once whether a pattern is too narrow or shadowed.
 
 from __future__ import annotations
 
+import io
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from ..classify.classifier import Classifier
 from ..classify.logline import parse_line
 from ..classify.signatures import SignatureTable
-from ..journal.saved import plain_text_invocation
+from ..journal.saved import plain_text_invocation, read_file
+from ..model import LogLine
+from ..util.text import for_terminal, visible
 
 
-def signatures_test(source: str, table: SignatureTable, *, out: TextIO = sys.stdout) -> int:
-    """Print the verdict for FILE and the per-line matches; 0 when it ran."""
-    raw = sys.stdin.read() if source == "-" else Path(source).read_text("utf-8", "replace")
+def signatures_test(source: str, table: SignatureTable, *, out: TextIO | None = None) -> int:
+    """Print the verdict for FILE and the per-line matches (to standard output by default); 0
+    when it ran."""
+    out = out or sys.stdout
+    raw = _read(source).decode("utf-8", "replace")
     invocation = plain_text_invocation(raw.splitlines())
-    verdict = Classifier(table).classify(invocation.lines)
+    report = io.StringIO()
+    _report(invocation.lines, table, report)
+    out.write(for_terminal(report.getvalue()))
+    return 0
+
+
+def _read(source: str) -> bytes:
+    """The log's bytes; JournalError (one line) when it cannot be read."""
+    if source == "-":
+        return sys.stdin.buffer.read()
+    return read_file(Path(source))
+
+
+def _report(lines: Sequence[LogLine], table: SignatureTable, out: TextIO) -> None:
+    """The verdict, the matched lines and why; what came from the log is shown `visible`."""
+    verdict = Classifier(table).classify(lines)
     out.write(f"verdict:    {verdict.severity.value} {verdict.signature or '-'}: {verdict.title}\n")
-    out.write(f"root cause: {verdict.root_cause or '(none)'}\n")
+    out.write(f"root cause: {visible(verdict.root_cause or '(none)')}\n")
     out.write("\nlines matched by a signature:\n")
-    for number, line in enumerate(invocation.lines, start=1):
+    for number, line in enumerate(lines, start=1):
         text = parse_line(line).text
         match = table.match(text)
         if match is not None:
@@ -32,11 +53,11 @@ def signatures_test(source: str, table: SignatureTable, *, out: TextIO = sys.std
             captures = ", ".join(f"{k}={v}" for k, v in match.captures.items())
             out.write(
                 f"  line {number}: {sig.id} ({sig.kind}, {sig.severity.value}, pattern "
-                f"{match.pattern_index}{', ' + captures if captures else ''})\n    {text[:200]}\n"
+                f"{match.pattern_index}{', ' + visible(captures) if captures else ''})\n"
+                f"    {visible(text[:200])}\n"
             )
     if verdict.root_cause:
         out.write("\nwhy each signature did or did not match the root cause:\n")
         for explanation in table.explain(verdict.root_cause):
             mark = "MATCH" if explanation.matched else "no   "
-            out.write(f"  {mark} {explanation.signature.id}: {explanation.reason}\n")
-    return 0
+            out.write(f"  {mark} {explanation.signature.id}: {visible(explanation.reason)}\n")

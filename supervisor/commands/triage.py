@@ -29,6 +29,7 @@ from ..journal.saved import (
 )
 from ..model import Action, Outcome
 from ..pipeline import Pipeline
+from ..util.text import for_terminal, visible
 
 
 def triage(
@@ -37,9 +38,10 @@ def triage(
     config: Config,
     table: SignatureTable,
     output_format: str = "text",
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
 ) -> int:
-    """Classify `source` and print the outcomes; 0 when it ran."""
+    """Classify `source` and print the outcomes (to standard output by default); 0 when it ran."""
+    out = out or sys.stdout
     outcomes = with_recorded_drift(
         collect(source, config=config, table=table), config.state.state_dir
     )
@@ -47,7 +49,7 @@ def triage(
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
         out.write("\n")
     else:
-        out.write(render_text(outcomes))
+        out.write(for_terminal(render_text(outcomes)))
     return 0
 
 
@@ -77,29 +79,36 @@ def render_text(outcomes: Sequence[Outcome]) -> str:
 
 
 def _render_one(outcome: Outcome) -> str:
+    """One outcome; every value that came from the journal is shown `visible`."""
     inv, verdict, decision = outcome.invocation, outcome.verdict, outcome.decision
     ended = f"{inv.exit_code or '?'} status={inv.exit_status}" if inv.exit_code else "no exit seen"
     rows = [
-        f"{inv.unit or '(text)'}  invocation {inv.invocation_id or '-'}  {ended}"
-        f" result={inv.result or '-'} restarts={inv.restarts} lines={inv.total_lines}",
-        f"  verdict:     {verdict.severity.value.upper()} {verdict.signature or '-'}: "
-        f"{verdict.title}",
-        f"  root cause:  {verdict.root_cause or '(none found)'}",
+        visible(
+            f"{inv.unit or '(text)'}  invocation {inv.invocation_id or '-'}  {ended}"
+            f" result={inv.result or '-'} restarts={inv.restarts} lines={inv.total_lines}"
+        ),
+        visible(
+            f"  verdict:     {verdict.severity.value.upper()} {verdict.signature or '-'}: "
+            f"{verdict.title}"
+        ),
+        f"  root cause:  {visible(verdict.root_cause or '(none found)')}",
     ]
     if verdict.crash_site and verdict.crash_site != verdict.root_cause:
-        rows.append(f"  crash site:  {verdict.crash_site}")
+        rows.append(f"  crash site:  {visible(verdict.crash_site)}")
     if verdict.captures:
-        rows.append("  captures:    " + ", ".join(f"{k}={v}" for k, v in verdict.captures.items()))
+        captures = ", ".join(f"{k}={v}" for k, v in verdict.captures.items())
+        rows.append(f"  captures:    {visible(captures)}")
     if verdict.remediation:
-        rows.append(f"  remediation: {verdict.remediation}")
+        rows.append(f"  remediation: {visible(verdict.remediation)}")
     if verdict.fingerprint:
         rows.append(f"  fingerprint: {verdict.fingerprint}")
     if outcome.drift:
-        rows.append(f"  changed:     since the last good start: {'; '.join(outcome.drift)}")
+        drift = visible("; ".join(outcome.drift))
+        rows.append(f"  changed:     since the last good start: {drift}")
     if inv.hung:
         rows.append("  engine hung: it logged its death and stayed up until the grace period ended")
-    rows += [f"  note:        {note}" for note in verdict.notes]
-    rows.append(f"  decision:    {decision.action.value.upper()}: {decision.reason}")
+    rows += [f"  note:        {visible(note)}" for note in verdict.notes]
+    rows.append(f"  decision:    {decision.action.value.upper()}: {visible(decision.reason)}")
     return "\n".join(rows) + "\n"
 
 
