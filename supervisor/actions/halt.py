@@ -21,6 +21,7 @@ import structlog
 from ..errors import SystemdError
 from ..model import Outcome
 from ..util.retry import Backoff
+from .evidence import EVIDENCE_KEY, evidence_of
 from .quarantine import Quarantine
 from .systemd import SystemdClient
 
@@ -232,6 +233,7 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
         "exit_code": inv.exit_code,
         "exit_status": inv.exit_status,
         "restarts": inv.restarts,
+        EVIDENCE_KEY: evidence_of(outcome),
     }
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..actions.evidence import changed
 from ..actions.gatekeeper import Reply, ask, socket_path
 from ..actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
 
@@ -121,10 +122,36 @@ def _check_records(
             record = quarantine.read(unit) or {"corrupt": True, "error": "removed while read"}
         except OSError as exc:
             record = {"corrupt": True, "error": f"{quarantine.path(unit)}: {exc.strerror}"}
+        if _lifted(unit, quarantine, record, runtime_dir, stream):
+            continue
         print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
         print(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
     return None
+
+
+def _lifted(
+    unit: str, quarantine: Quarantine, record: dict[str, Any], runtime_dir: Path, stream: TextIO
+) -> bool:
+    """Lift a halt whose cause is gone (the port it found held is free, the missing path
+    exists): the record is removed, the daemon told, and one line says what changed."""
+    what = changed(record)
+    if what is None:
+        return False
+    try:
+        quarantine.release(unit)
+    except OSError as exc:
+        print(f"{unit}: {what}, but the halt cannot be lifted: {exc.strerror}", file=stream)
+        return False
+    ask(
+        socket_path(runtime_dir),
+        {"op": "released", "unit": unit},
+        timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
+    )
+    print(
+        f"{unit}: start allowed: the halt is lifted, {what} (was: {_summary(record)})", file=stream
+    )
+    return True
 
 
 def release_main(
