@@ -344,6 +344,10 @@ class Daemon:
     ) -> dict[str, Any]:
         """Answer a gate once `unit`'s past is decided: the journal read up to the gate's own
         start (`invocation_id`, from PID 1's "Starting"), no ended invocation left undecided."""
+        if all(u.name != unit for u in self.config.units):
+            # A drop-in left on a unit the config no longer names: nothing will decide about
+            # it, so waiting would only delay its start by `wait_s`.
+            return {"ok": True, "decided": True, "supervised": False}
         deadline = time.monotonic() + wait_s
         tracker = self.pipeline.tracker
         while invocation_id is not None and not tracker.has_seen(unit, invocation_id):

@@ -406,3 +406,13 @@ def test_the_prefilter_changes_no_verdict() -> None:
         fast.observe(line(text))
         plain.observe(line(text))
         assert (fast.death(UNIT) is None) == (plain.death(UNIT) is None), text
+
+
+async def test_a_gate_of_a_unit_the_config_does_not_name_is_answered_at_once(
+    tmp_path: Path, store: Store
+) -> None:
+    """A drop-in left on a unit removed from the config made every start wait `gate.wait_s`
+    (30 s) for a decision nobody would make: the daemon says at once it does not supervise it."""
+    daemon = _daemon(_config(tmp_path), store)
+    answer = await asyncio.wait_for(daemon.gate_answer("other.service", "b" * 32, 30.0), 5.0)
+    assert answer == {"ok": True, "decided": True, "supervised": False}

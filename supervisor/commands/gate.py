@@ -87,6 +87,12 @@ def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -
         print(
             f"{unit}: start allowed: {reply.note}; nothing decides about its crashes", file=stream
         )
+    elif reply.answer.get("supervised") is False:
+        print(
+            f"{unit}: start allowed: the running supervisor's config does not name it; add it "
+            "there, or remove its drop-in (vllm-supervisor setup does both)",
+            file=stream,
+        )
     elif not reply.answer.get("decided", False):
         print(
             f"{unit}: start allowed: the supervisor has not decided about the last run within "
