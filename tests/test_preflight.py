@@ -24,10 +24,10 @@ from vllm_supervisor.commands.preflight import (
     Status,
     _identities,
     check_families,
-    port_from_exec_start,
     preflight_main,
     run_preflight,
 )
+from vllm_supervisor.environment.execstart import serving_port
 from vllm_supervisor.environment.log import EnvironmentLog
 from vllm_supervisor.environment.snapshot import EnvSnapshot
 from vllm_supervisor.store import Store
@@ -247,7 +247,7 @@ class TestMain:
 )
 def test_port_from_exec_start(argv: list[str], port: int | None) -> None:
     """The port comes from --port, else the server's default."""
-    assert port_from_exec_start(argv) == port
+    assert serving_port(argv) == port
 
 
 def test_family_signatures_are_in_the_shipped_table() -> None:

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 from ..actions.quarantine import Quarantine, quarantine_dirs
 from ..actions.systemd import ask_once
 from ..config import DriftConfig
-from ..environment.execstart import interpreter_from_exec_start
+from ..environment.execstart import interpreter_from_exec_start, serving_port
 from ..environment.log import EnvironmentLog
 from ..environment.ports import holders
 from ..environment.probe import (
@@ -530,7 +530,7 @@ def preflight_main(
         argv = (exec_start or exec_start_argv)(unit)
         if argv is not None:
             python = python or interpreter_from_exec_start(argv)
-            port = port if port is not None else port_from_exec_start(argv)
+            port = port if port is not None else serving_port(argv)
     report = run_preflight(
         python=python,
         port=port,
@@ -554,25 +554,3 @@ def exec_start_argv(unit: str, *, timeout_s: float = 2.0) -> list[str] | None:
         return ask_once(lambda client: client.exec_start(unit), timeout_s=timeout_s) or None
     except (SystemdError, OSError, TimeoutError):
         return None
-
-
-# The default ports of the servers, when ExecStart= does not pass --port.
-_DEFAULT_PORTS: tuple[tuple[str, int], ...] = (
-    ("sglang", 30000),
-    ("text-generation-launcher", 3000),
-    ("vllm", 8000),
-)
-
-
-def port_from_exec_start(argv: Sequence[str]) -> int | None:
-    """The port a server's command line binds: `--port N`, else that server's default."""
-    for index, word in enumerate(argv):
-        value = None
-        if word == "--port" and index + 1 < len(argv):
-            value = argv[index + 1]
-        elif word.startswith("--port="):
-            value = word.removeprefix("--port=")
-        if value is not None:
-            return int(value) if value.isascii() and value.isdigit() else None
-    joined = " ".join(argv)
-    return next((port for name, port in _DEFAULT_PORTS if name in joined), None)

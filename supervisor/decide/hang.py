@@ -329,7 +329,7 @@ class HangWatcher:
                     port = serving_port(await self._systemd.exec_start(unit))
             except (SystemdError, TimeoutError):
                 port = None
-        return None if port is None else f"http://127.0.0.1:{port}/health"
+        return f"http://127.0.0.1:{port}/health" if port else None  # 0: any port, unknown
 
 
 def _unconfirmed_reason(url: str | None, status: int | None) -> str:

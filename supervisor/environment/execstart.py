@@ -149,9 +149,7 @@ def serving_port(argv: Sequence[str]) -> int | None:
             value = word.removeprefix("--port=")
         if value is not None:
             return (
-                int(value)
-                if value.isascii() and value.isdigit() and 0 < int(value) < 65536
-                else None
+                int(value) if value.isascii() and value.isdigit() and int(value) < 65536 else None
             )
     names = [Path(word).name for word in words]
     for marks, port in _DEFAULT_PORTS:
