@@ -8,6 +8,8 @@ unknown, with why; the rest is shown all the same.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -170,11 +172,17 @@ def test_any_record_history_or_health_reply_renders(
     json.dumps(Status(units=(unit,), daemon=daemon).to_json(), default=str)
 
 
-def status_in_process(tmp_path: Path, metrics_port: int, *args: str) -> int:
-    """`status` through `cli.main`, with the harness config listening on `metrics_port`."""
+def status_in_process(tmp_path: Path, metrics_port: int, *args: str) -> tuple[int, str]:
+    """`status` through `cli.main`, with the harness config listening on `metrics_port`.
+
+    Output goes to a StringIO, not capsys: `main` points the log at the stderr it finds, and
+    a later test's log line must not meet a closed capture."""
     config = write_config(tmp_path)
     config.write_text(config.read_text().replace("127.0.0.1:0", f"127.0.0.1:{metrics_port}"))
-    return cli.main(["status", "--config", str(config), *args])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        code = cli.main(["status", "--config", str(config), *args])
+    return code, out.getvalue()
 
 
 @pytest.fixture
@@ -183,34 +191,28 @@ def no_systemd(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("no_systemd")
-def test_a_stranger_on_the_metrics_port_is_not_the_daemon(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_stranger_on_the_metrics_port_is_not_the_daemon(tmp_path: Path) -> None:
     """A process that is not the lock file's daemon answers a healthy /healthz on the metrics
     port (a local user bound it while the daemon restarted): not healthy, exit 3, and who."""
     supervisor_pid = os.getppid()  # alive, and not the process that listens
     with FakeDaemon(tmp_path / "state", pid=supervisor_pid) as stranger:
-        code = status_in_process(tmp_path, stranger.port)
-        text = capsys.readouterr().out
-        json_code = status_in_process(tmp_path, stranger.port, "--format", "json")
-        report = json.loads(capsys.readouterr().out)
+        code, text = status_in_process(tmp_path, stranger.port)
+        json_code, raw = status_in_process(tmp_path, stranger.port, "--format", "json")
     assert code == json_code == EXIT_DAEMON_DOWN
     assert (
         f"metrics port {stranger.port} held by PID {os.getpid()} (" in text
         and f"not the supervisor (pid {supervisor_pid})" in text
     ), text
     assert ", healthy" not in text
+    report = json.loads(raw)
     assert report["daemon"]["healthy"] is None
     assert f"not the supervisor (pid {supervisor_pid})" in report["daemon"]["squatter"]
 
 
 @pytest.mark.usefixtures("no_systemd")
-def test_the_daemon_on_its_own_metrics_port_is_trusted(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_daemon_on_its_own_metrics_port_is_trusted(tmp_path: Path) -> None:
     """The same answer from the lock file's own pid is the daemon's health: exit 0."""
     with FakeDaemon(tmp_path / "state", pid=os.getpid()) as daemon:
-        code = status_in_process(tmp_path, daemon.port)
-    text = capsys.readouterr().out
+        code, text = status_in_process(tmp_path, daemon.port)
     assert code == EXIT_HEALTHY, text
     assert f"running (pid {os.getpid()}), healthy" in text
