@@ -65,8 +65,10 @@ def quarantine(tmp_path: Path, record: dict[str, Any]) -> Quarantine:
 class TestPortHeld:
     def test_the_record_keeps_the_port(self, listening: socket.socket) -> None:
         port = listening.getsockname()[1]
-        lines = [f"OSError: [Errno 98] error while attempting to bind on address ('0.0.0.0', {port})"
-                 ": address already in use"]  # fmt: skip
+        lines = [
+            "OSError: [Errno 98] error while attempting to bind on address "
+            f"('0.0.0.0', {port}): address already in use"
+        ]
         record = quarantine_record(outcome(lines, Rule.PORT_HELD))
         assert record["evidence"] == {"kind": "port_held", "port": port}
 

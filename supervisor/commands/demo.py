@@ -90,7 +90,8 @@ HUNG = [
     " NumelIn=4194304, NumelOut=4194304, Timeout(ms)=600000) ran for 600081 milliseconds before"
     " timing out.",
     "(APIServer pid=7000) ERROR 03-03 10:11:04 [async_llm.py:480] AsyncLLM output_handler failed.",
-    "(APIServer pid=7000) ERROR 03-03 10:11:04 [async_llm.py:480] Traceback (most recent call last):",
+    "(APIServer pid=7000) ERROR 03-03 10:11:04 [async_llm.py:480] Traceback (most recent call"
+    " last):",
     '(APIServer pid=7000) ERROR 03-03 10:11:04 [async_llm.py:480]   File "/opt/venv/lib/python3.12/'
     'site-packages/vllm/v1/engine/async_llm.py", line 439, in output_handler',
     "(APIServer pid=7000) ERROR 03-03 10:11:04 [async_llm.py:480]     outputs = await"

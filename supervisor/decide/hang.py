@@ -31,10 +31,10 @@ from http import HTTPStatus
 
 import structlog
 
+from ..classify.logline import parse_line
 from ..config import Config
 from ..environment.execstart import serving_port
 from ..errors import SystemdError
-from ..classify.logline import parse_line
 from ..model import JournalEntry, LifecycleEvent, LogLine, Outcome
 from ..seams import Supervision, UnitStates
 from ..util.aio import first_of
