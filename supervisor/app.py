@@ -121,6 +121,7 @@ async def _run(
                 store,
                 lambda: quarantine_records(config),
                 host=socket.gethostname(),
+                metrics=metrics,
             )
         )
     daemon = Daemon(

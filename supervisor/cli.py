@@ -261,9 +261,11 @@ def cmd_triage(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """`check-config`: load the config and its signature table, report what was found."""
     from .classify.table import load_table
+    from .config import check_webhook
 
     config = load_config(args.path or config_path(argparse.Namespace()))
     table = load_table(config)
+    check_webhook(config.slack)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(f"config ok: units: {units}; {len(table.signatures)} signatures")
     from .commands.setup import missing_drop_ins

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
+from .notify.urls import url_problem
 
 DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
@@ -333,18 +334,18 @@ def validate(config: Config) -> Config:
     for key in ("resend_s", "timeout_s", "backoff_max_s"):
         _positive(f"alertmanager.{key}", getattr(config.alertmanager, key))
     url = config.alertmanager.url
-    if url is not None and not url.startswith(("http://", "https://")):
-        raise ConfigError(f"alertmanager.url: must be an http(s) URL (got {url!r})")
+    if url is not None and (problem := url_problem(url)) is not None:
+        raise ConfigError(
+            f"alertmanager.url: not a usable http(s) URL: {problem} (value not shown)"
+        )
     _positive("slack.timeout_s", config.slack.timeout_s)
     _positive("slack.max_attempts", config.slack.max_attempts)
     if config.slack.webhook_url is not None and config.slack.webhook_url_file is not None:
         raise ConfigError(
             "slack: at most one of webhook_url and webhook_url_file may be set (remove one)"
         )
-    if config.slack.webhook_url is not None and not config.slack.webhook_url.value.startswith(
-        ("https://", "http://")
-    ):
-        raise ConfigError("slack.webhook_url: must be an http(s) URL (value not shown)")
+    if config.slack.webhook_url is not None:
+        check_webhook_url(config.slack.webhook_url, "slack.webhook_url")
     parse_listen(config.metrics.listen, key="metrics.listen")
     return config
 
@@ -373,6 +374,31 @@ def resolve_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ
         return Secret(path.read_text(encoding="utf-8").strip())
     except OSError as exc:
         raise ConfigError(f"slack.webhook_url_file: cannot read {path}: {exc.strerror}") from exc
+
+
+def webhook_source(config: SlackConfig, environ: Mapping[str, str] = os.environ) -> str:
+    """Where `resolve_webhook` takes the URL from, for messages that must not show it."""
+    if config.webhook_url is not None:
+        return "slack.webhook_url"
+    if config.webhook_url_file is not None:
+        return f"slack.webhook_url_file {config.webhook_url_file}"
+    if environ.get(WEBHOOK_ENV):
+        return f"env {WEBHOOK_ENV}"
+    return f"credential {Path(environ.get('CREDENTIALS_DIRECTORY', '')) / WEBHOOK_CREDENTIAL}"
+
+
+def check_webhook_url(url: Secret, source: str) -> None:
+    """Raise ConfigError naming `source`, never the URL, when it cannot be posted to."""
+    problem = url_problem(url.value)
+    if problem is not None:
+        raise ConfigError(f"{source}: not a usable webhook URL: {problem} (value not shown)")
+
+
+def check_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ) -> None:
+    """`check-config`: the webhook URL wherever it comes from, as the daemon will read it."""
+    url = resolve_webhook(config, environ)
+    if url is not None:
+        check_webhook_url(url, webhook_source(config, environ))
 
 
 def _loopback_url(key: str, url: str) -> None:

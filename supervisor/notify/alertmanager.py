@@ -10,6 +10,9 @@ no longer quarantined is posted once more as resolved (`endsAt` now). Which aler
 sent firing is kept in the state database, so a release while the daemon was down is still
 resolved after its restart. A failed post is retried by the shared rule (util.retry), capped at
 `backoff_max_s`, and logged once per outage; the URL's credentials, if any, never reach a log.
+What can never succeed is not retried into a loop: a URL httpx cannot use stops the sink (one
+error line), a 4xx or alerts that cannot be encoded drop that round until the next `resend_s`;
+each is counted in `notifications_dropped_total{sink="alertmanager"}`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,20 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ..config import AlertmanagerConfig
-from ..errors import StateError
+from ..errors import NotifyError, StateError
 from ..store import Store
+from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
 from ..util.retry import Backoff
+from .urls import redact, url_problem
+from .webhook import (
+    MAX_BODY_BYTES,
+    bounded,
+    encode_json,
+    one_line,
+    read_bounded,
+    unexpected_error,
+)
 
 ALERT_NAME = "VllmSupervisorUnitHalted"
 _SCHEMA = """
@@ -83,10 +96,14 @@ class AlertmanagerSink:
         host: str,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if config.url is None:
             raise ValueError("an Alertmanager sink needs alertmanager.url")
         self._config = config
+        self._url = config.url
+        self._problem = url_problem(config.url)  # why it can never be posted to
+        self._metrics = metrics
         self._endpoint = config.url.rstrip("/") + "/api/v2/alerts"
         self._store = store
         self._quarantined = quarantined
@@ -108,22 +125,27 @@ class AlertmanagerSink:
         """Post the firing and resolved alerts every `resend_s`, at once when woken."""
         import httpx  # where it is used (see notify.webhook on why)
 
+        if self._problem is not None:
+            self._unusable(self._problem)
+            await stop.wait()
+            return
         retry = Backoff(_RETRY_BASE_S, max(_RETRY_BASE_S, self._config.backoff_max_s))
         failures = 0
         async with httpx.AsyncClient(
             timeout=self._config.timeout_s, trust_env=False, transport=self._transport
         ) as client:
-            while not stop.is_set():
+            while not stop.is_set() and self._problem is None:
                 self._wake.clear()
                 ok = await self.reconcile(client)
                 failures = 0 if ok else failures + 1
                 wait = self._config.resend_s if ok else retry.delay(failures)
                 await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
+        if self._problem is not None:
+            await stop.wait()  # unusable after all (httpx refused it): the daemon goes on
 
     async def reconcile(self, client: httpx.AsyncClient) -> bool:
-        """One round: post what fires and what stopped firing; True when Alertmanager took it."""
-        import httpx
-
+        """One round: post what fires and what stopped firing. True: wait `resend_s` (taken,
+        or dropped for good); False: retry after a backoff."""
         now = self._clock()
         try:
             firing = {u: alert(u, r, host=self._host) for u, r in self._quarantined().items()}
@@ -131,8 +153,10 @@ class AlertmanagerSink:
         except (OSError, StateError) as exc:
             return self._failed(f"cannot read what is halted: {exc}")
         ends = _iso(now + 4 * self._config.resend_s)
-        body = [{**a, "startsAt": a["annotations"].get("halted_since") or _iso(now), "endsAt": ends}
-                for a in firing.values()]  # fmt: skip
+        body = [
+            {**a, "startsAt": a["annotations"].get("halted_since") or _iso(now), "endsAt": ends}
+            for a in firing.values()
+        ]
         body += [
             {"labels": labels, "startsAt": _iso(now - 1), "endsAt": _iso(now)}
             for unit, labels in sent.items()
@@ -141,11 +165,14 @@ class AlertmanagerSink:
         if not body:
             return True
         try:
-            response = await client.post(self._endpoint, json=body)
-        except httpx.HTTPError as exc:
-            return self._failed(f"{type(exc).__name__}: {exc}".split(" for url")[0])
-        if not response.is_success:
-            return self._failed(f"HTTP {response.status_code}: {response.text[:200]}")
+            content = encode_json(body, "alertmanager")
+        except NotifyError as exc:
+            return self._dropped("unrenderable", str(exc))
+        error = await self._post(client, content)
+        if error is not None:
+            if error.retryable:
+                return self._failed(error.args[0])
+            return self._dropped(error.reason, error.args[0])
         try:
             self._remember({u: a["labels"] for u, a in firing.items()})
         except StateError as exc:
@@ -154,6 +181,59 @@ class AlertmanagerSink:
             log.info("alertmanager_recovered")
             self._failing = None
         return True
+
+    async def _post(self, client: httpx.AsyncClient, content: bytes) -> NotifyError | None:
+        """One POST; None when Alertmanager took it, else a classified, redacted error."""
+        import httpx
+
+        headers = {"Content-Type": "application/json"}
+        try:
+            async with client.stream("POST", self._endpoint, content=content, headers=headers) as r:
+                if r.is_success:
+                    return None
+                text = bounded(
+                    self._redact(
+                        one_line((await read_bounded(r, MAX_BODY_BYTES)).decode("utf-8", "replace"))
+                    )
+                )
+        except httpx.HTTPError as exc:
+            detail = self._redact(f"{type(exc).__name__}: {exc}")
+            return NotifyError(detail, reason="transport", retryable=True)
+        except Exception as exc:  # a URL httpx cannot use, or the unforeseen
+            return unexpected_error(exc, "alertmanager")
+        retryable = r.status_code >= 500 or r.status_code == 429
+        reason = "http_5xx" if r.status_code >= 500 else "http_4xx"
+        return NotifyError(f"HTTP {r.status_code}: {text}", reason=reason, retryable=retryable)
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._url)
+
+    def _dropped(self, reason: str, error: str) -> bool:
+        """A round that can never succeed as it is: counted, logged once, not retried soon."""
+        if reason == "invalid_url":
+            self._problem = error
+            self._unusable(error)
+            return False
+        if self._metrics is not None:
+            self._metrics.notification_dropped("alertmanager", reason)
+        if error != self._failing:
+            log.error(
+                "alertmanager_alerts_dropped",
+                reason=reason,
+                error=error,
+                action=f"not retried; tried again in {self._config.resend_s:.0f}s",
+            )
+        self._failing = error
+        return True
+
+    def _unusable(self, problem: str) -> None:
+        if self._metrics is not None:
+            self._metrics.notification_dropped("alertmanager", "invalid_url")
+        log.error(
+            "alertmanager_url_invalid",
+            problem=problem,
+            action="Alertmanager is off (halts still happen); fix alertmanager.url and restart",
+        )
 
     def _failed(self, error: str) -> bool:
         if error != self._failing:

@@ -30,6 +30,12 @@ request was sent is ambiguous (Slack may have posted it): it counts as an attemp
 duplicate the message (a webhook has no idempotency key), and the next attempt waits twice as
 long (up to 4 x `timeout_s`), so a slow Slack costs at most a duplicate or two per message,
 never a loss.
+
+No poison message: an error that can never succeed (a URL httpx cannot use, a 4xx other than
+429, a payload that cannot be rendered) drops the message at once, with one log line and
+`notifications_dropped_total`; an exception nobody foresaw counts as an attempt. A webhook URL
+that is unusable from the start turns Slack off (one error line, unhealthy on /healthz) while
+pending messages wait for a fixed URL: the daemon itself never stops for Slack.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from typing import Any
 
 import structlog
 
-from ..config import SlackConfig
+from ..config import SlackConfig, webhook_source
 from ..errors import NotifyError, StateError
 from ..model import Outcome
 from ..store import Store, Writer, mark_notified
@@ -70,6 +76,8 @@ MAX_TIMEOUT_GROWTH = 4  # an attempt after ambiguous timeouts waits up to 4 x ti
 UNREACHABLE = frozenset({"connect", "tls"})  # the request never reached Slack
 MAX_HEALTHY_DEPTH = 100
 MAX_CONSECUTIVE_FAILURES = 3
+UNRENDERABLE = "unrenderable"
+PERMANENT_REASONS = frozenset({"invalid_url", UNRENDERABLE})  # else a permanent one is a 4xx
 
 Sleep = Callable[[float], Awaitable[Any]]
 
@@ -120,6 +128,21 @@ class Outbox:
         self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
         self._state_error: str | None = None  # the last write error, logged once
         self._queue = OutboxQueue(store)
+        self._invalid = self._check_url(webhook)  # why Slack is off though configured
+
+    def _check_url(self, webhook: SlackWebhook | None) -> str | None:
+        """One error line, naming where the URL came from (never the URL), when it is unusable."""
+        if webhook is None or webhook.problem is None:
+            return None
+        source = webhook_source(self._config)
+        _log.error(
+            "slack_webhook_invalid",
+            source=source,
+            problem=webhook.problem,
+            action="Slack is off: crashes are still halted and recorded, their messages wait; "
+            "fix the URL (vllm-supervisor check-config) and restart",
+        )
+        return f"slack webhook URL from {source} unusable ({webhook.problem}): Slack is off"
 
     # -- queueing (inside the batch transaction) ----------------------------------------------
 
@@ -148,7 +171,7 @@ class Outbox:
     def _telling(self, outcome: Outcome) -> NotifyReason:
         return telling(
             outcome,
-            endpoint=self._webhook is not None,
+            endpoint=self._webhook is not None and self._invalid is None,
             notify_transient=self._config.notify_transient,
         )
 
@@ -206,6 +229,8 @@ class Outbox:
         """For /healthz: unhealthy on a backlog, repeated failures or a stuck queue."""
         if self._webhook is None:
             return True, {"slack": "off", "reasons": []}
+        if self._invalid is not None:
+            return False, {"slack": "invalid_url", "reasons": [self._invalid]}
         try:
             depth, overdue = self._queue.backlog(self._now())
         except StateError as exc:
@@ -223,7 +248,7 @@ class Outbox:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver pending messages until `stop` is set; state errors are logged and retried."""
-        if self._webhook is None:
+        if self._webhook is None or self._invalid is not None:
             await stop.wait()
             return
         self._queue.prune(self._now() - RETENTION_S)
@@ -267,12 +292,21 @@ class Outbox:
         assert self._webhook is not None  # noqa: S101 - run() returns early without one
         timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2**attempts)
         try:
+            body = json.loads(payload)
+        except ValueError:
+            return NotifyError(
+                "slack: stored message is not JSON", reason=UNRENDERABLE, retryable=False
+            )
+        try:
             async with asyncio.timeout(timeout_s + 5):
-                await self._webhook.send(json.loads(payload), timeout_s=timeout_s)
+                await self._webhook.send(body, timeout_s=timeout_s)
         except NotifyError as exc:
             return exc
         except TimeoutError:
             return NotifyError("slack: timeout: no answer", reason="timeout", retryable=True)
+        except Exception as exc:  # never a crash loop; its text may hold the URL
+            name = type(exc).__name__
+            return NotifyError(f"slack: unexpected {name}", reason="internal", retryable=True)
         return None
 
     async def _deliver(self, message: QueuedMessage) -> None:
@@ -357,6 +391,7 @@ class Outbox:
             self._failed_endpoint(exc, dropped=False, attempt=attempts)
         else:
             self._queue.update(message.id, attempts, "failed", message.due, exc.reason)
+            self._metrics.notification_dropped("slack", _drop_reason(exc))
             self._failed_endpoint(exc, dropped=True, attempt=attempts)
 
     def _failed_endpoint(self, exc: NotifyError, *, dropped: bool, attempt: int = 1) -> None:
@@ -383,3 +418,10 @@ class Outbox:
         if isinstance(exc, SlackRateLimited) and exc.retry_after is not None:
             delay = max(delay, min(cap, exc.retry_after))
         return delay
+
+
+def _drop_reason(exc: NotifyError) -> str:
+    """The `reason` label of a dropped message (bounded; Slack's own codes are 4xx)."""
+    if exc.retryable:
+        return "attempts_exhausted"
+    return exc.reason if exc.reason in PERMANENT_REASONS else "http_4xx"

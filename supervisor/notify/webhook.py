@@ -2,12 +2,16 @@
 
 `SlackWebhook.send` makes one attempt and classifies the result the way Alertmanager's
 `Retrier.Check` does: 2xx delivered; 5xx, 429 and transport errors (TLS included) retryable;
-any other status permanent. The webhook URL is the secret: it never appears in an error, a log
-line, a repr or a metric label (Alertmanager's `RedactURL`).
+any other status permanent. Whatever else fails is a `NotifyError` too: a URL httpx cannot use
+(`InvalidURL`, an `OverflowError` for a port past 65535) or a payload it cannot encode is
+permanent, so a message can never crash the daemon at every start (a poison message). The
+webhook URL is the secret: it never appears in an error, a log line, a repr or a metric label
+(Alertmanager's `RedactURL`), and a reply is redacted before it is cut.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import time
@@ -18,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Secret
 from ..errors import NotifyError
+from .urls import MIN_SECRET_SEGMENT, REDACTED, url_problem
+from .urls import redact as redact_text
 
 if TYPE_CHECKING:
     # Imported where a request is made: httpx and the ssl context it builds cost ~4 MB of RSS,
@@ -26,9 +32,9 @@ if TYPE_CHECKING:
 
 ERROR_TEXT_LIMIT = 200  # Slack's error body quoted in a NotifyError
 MAX_BODY_BYTES = 4096  # at most this much of a reply is read: a huge or endless body is cut
-REDACTED = "<redacted>"
 DEFAULT_TIMEOUT_S = 10.0
-MIN_SECRET_SEGMENT = 8  # path segments this long are redacted on their own ("services" too)
+_JSON = {"Content-Type": "application/json"}
+__all__ = ["MIN_SECRET_SEGMENT", "REDACTED", "SlackRateLimited", "SlackWebhook", "redact"]
 
 # Error codes Slack documents for incoming webhooks; any other 4xx body becomes "http_4xx" so
 # the metric label stays bounded.
@@ -67,19 +73,7 @@ class SlackRateLimited(NotifyError):
 
 def redact(text: str, url: Secret) -> str:
     """`text` with the webhook URL (and its secret path) replaced by a marker."""
-    for secret in _secret_parts(url):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def _secret_parts(url: Secret) -> list[str]:
-    """The URL, its path and query, and each long path segment (the token), longest first."""
-    import httpx
-
-    parsed = httpx.URL(url.value)
-    parts = [url.value, parsed.path, parsed.query.decode("ascii", "replace")]
-    parts += [seg for seg in parsed.path.split("/") if len(seg) >= MIN_SECRET_SEGMENT]
-    return sorted({p for p in parts if len(p) > 1}, key=len, reverse=True)
+    return redact_text(text, url.value)
 
 
 class _RedactFilter(logging.Filter):
@@ -113,6 +107,7 @@ class SlackWebhook:
         now: Callable[[], float] = time.time,
     ) -> None:
         self._url = url
+        self.problem = url_problem(url.value)  # why it can never be sent to; None: usable
         self._now = now
         self._transport = transport
         self._timeout_s = timeout_s
@@ -161,18 +156,27 @@ class SlackWebhook:
         """
         import httpx
 
+        if self.problem is not None:
+            raise NotifyError(
+                f"slack: the webhook URL {self.problem}", reason="invalid_url", retryable=False
+            )
+        content = encode_json(dict(payload), "slack")
         client = self._connection()
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         try:
             async with client.stream(
-                "POST", self._url.value, json=dict(payload), timeout=timeout
+                "POST", self._url.value, content=content, headers=_JSON, timeout=timeout
             ) as response:
                 if not 200 <= response.status_code < 300:
-                    body = await _read_bounded(response, MAX_BODY_BYTES)
+                    body = await read_bounded(response, MAX_BODY_BYTES)
                     self._check(response.status_code, response.headers, body)
+        except NotifyError:
+            raise
         except httpx.HTTPError as exc:
             # `from None`: the httpx exception holds the request and thus the URL.
             raise self._transport_error(exc) from None
+        except Exception as exc:  # every error becomes a classified NotifyError
+            raise unexpected_error(exc, "slack") from None
 
     def _transport_error(self, exc: httpx.HTTPError) -> NotifyError:
         """A retryable error naming what failed, without the URL."""
@@ -186,7 +190,8 @@ class SlackWebhook:
         """Alertmanager's Retrier.Check: 2xx ok, 5xx and 429 retryable, other codes permanent."""
         if 200 <= status < 300:
             return
-        text = redact(_bounded(body.decode("utf-8", "replace")), self._url)
+        # Redact before cutting: a cut inside the URL leaves a piece no pattern recognises.
+        text = bounded(redact(one_line(body.decode("utf-8", "replace")), self._url))
         if status == 429:
             retry_after = _retry_after(headers.get("retry-after"), self._now())
             raise SlackRateLimited(
@@ -216,7 +221,7 @@ def _transport_reason(exc: httpx.HTTPError) -> str:
     return "transport"
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
+async def read_bounded(response: httpx.Response, limit: int) -> bytes:
     """At most `limit` bytes of the body; the rest is never read (the connection is dropped)."""
     if response.is_stream_consumed:
         return response.content[:limit]  # already in memory (a test transport)
@@ -230,10 +235,47 @@ async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _bounded(text: str) -> str:
-    """Slack's error body, one line, printable, at most ERROR_TEXT_LIMIT characters."""
-    flat = "".join(c if c.isprintable() else " " for c in text.strip())
-    return flat if len(flat) <= ERROR_TEXT_LIMIT else flat[: ERROR_TEXT_LIMIT - 1] + "…"
+def one_line(text: str) -> str:
+    """One line of printable characters."""
+    return "".join(c if c.isprintable() else " " for c in text.strip())
+
+
+def bounded(text: str) -> str:
+    """At most ERROR_TEXT_LIMIT characters of already redacted text."""
+    return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 1] + "…"
+
+
+def encode_json(payload: Any, sink: str) -> bytes:
+    """The JSON body as httpx would send it; a payload it cannot encode is permanent."""
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # NaN, a lone surrogate (UnicodeError), a set
+        raise NotifyError(
+            f"{sink}: the message cannot be rendered: {type(exc).__name__}",
+            reason="unrenderable",
+            retryable=False,
+        ) from None
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups; anyio raises some in one."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def unexpected_error(exc: Exception, sink: str) -> NotifyError:
+    """An error outside httpx's own: a URL it cannot use is permanent; anything else counts as
+    an attempt (bounded by max_attempts). Only the type is named: the text may hold the URL."""
+    import httpx
+
+    leaves = _leaves(exc)
+    names = ", ".join(sorted({type(leaf).__name__ for leaf in leaves}))
+    # InvalidURL; OverflowError (a port past 65535); ValueError/UnicodeError (host encoding).
+    if all(isinstance(leaf, httpx.InvalidURL | ValueError | OverflowError) for leaf in leaves):
+        return NotifyError(f"{sink}: unusable URL ({names})", reason="invalid_url", retryable=False)
+    return NotifyError(f"{sink}: unexpected error ({names})", reason="internal", retryable=True)
 
 
 def _retry_after(value: str | None, now: float) -> float | None:

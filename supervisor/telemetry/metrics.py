@@ -40,6 +40,9 @@ OTHER = "other"
 
 NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped", "folded")
 """Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
+DROP_SINKS = ("slack", "alertmanager")
+DROP_REASONS = ("invalid_url", "http_4xx", "unrenderable", "attempts_exhausted", "other")
+"""Labels of `vllm_supervisor_notifications_dropped_total`: messages given up for good."""
 
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
@@ -190,6 +193,12 @@ class Metrics:
             "notifications_total", "Slack notifications by outcome.", ["outcome"]
         )
         self._outbox = self._gauge("outbox_depth", "Notifications waiting for delivery.")
+        self._dropped = self._counter(
+            "notifications_dropped_total",
+            "Notifications given up for good, by sink and reason: an unusable URL, a 4xx, a "
+            "message that cannot be rendered, or attempts exhausted (never retried again).",
+            ["sink", "reason"],
+        )
 
     def _declare_state(self) -> None:
         self._state_errors = self._counter(
@@ -203,6 +212,9 @@ class Metrics:
             self._invalid.labels(reason)
         for outcome in NOTIFICATION_OUTCOMES:
             self._notifications.labels(outcome)
+        for sink in DROP_SINKS:
+            for reason in DROP_REASONS:
+                self._dropped.labels(sink, reason)
         for reason in STATE_ERROR_REASONS:
             self._state_errors.labels(reason)
         self._init_unit(UNKNOWN)
@@ -366,6 +378,11 @@ class Metrics:
         """Count a notification event: queued, grouped, sent, retried, failed or dropped."""
         label = outcome if outcome in NOTIFICATION_OUTCOMES else OTHER
         self._notifications.labels(label).inc()
+
+    def notification_dropped(self, sink: str, reason: str) -> None:
+        """Count a message a sink gave up for good (see DROP_REASONS)."""
+        label = reason if reason in DROP_REASONS else OTHER
+        self._dropped.labels(sink if sink in DROP_SINKS else OTHER, label).inc()
 
     def outbox_depth(self, n: int) -> None:
         """Record how many notifications wait for delivery."""

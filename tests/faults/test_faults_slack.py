@@ -14,6 +14,7 @@ import ipaddress
 import json
 import ssl
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,15 @@ from cryptography.x509.oid import NameOID
 from slack_server import SECRET, WEBHOOK_PATH, Reply, SlackServer
 
 from faults.conftest import SupervisorFactory
-from faults.harness import UNIT, Supervisor, classified, crash, db_rows, history_cli
+from faults.harness import (
+    UNIT,
+    Supervisor,
+    classified,
+    crash,
+    db_rows,
+    history_cli,
+    write_config,
+)
 from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
 
 QUARANTINE = Path("run") / "quarantine" / f"{UNIT}.json"
@@ -70,6 +79,16 @@ def _metric(sup: Supervisor, sample: str) -> float:
         if line.startswith(sample + " "):
             return float(line.split()[-1])
     return 0.0
+
+
+def _healthz(sup: Supervisor) -> tuple[int, dict[str, Any]]:
+    """The child's /healthz: its status and JSON."""
+    url = f"http://127.0.0.1:{_events(sup, 'metrics_listening')[-1]['port']}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 def _serial_in(request_text: str) -> int:
@@ -301,4 +320,45 @@ class TestHostileMarkup:
         assert any(escaped in json.dumps(block, ensure_ascii=False) for block in payload["blocks"])
         # The history keeps the line as it was logged: escaping is Slack's concern only.
         assert HOSTILE in history_cli(state)[0]["verdict"]["root_cause"]
+        _assert_no_secret(sup)
+
+
+class TestPoisonUrl:
+    """A webhook URL httpx cannot use (here a port past 65535, from the systemd credential)."""
+
+    def test_a_bad_credential_turns_slack_off_and_the_daemon_runs_on(
+        self, tmp_path: Path, slack: SlackServer, make_supervisor: SupervisorFactory
+    ) -> None:
+        """A message waits in the outbox from a run whose Slack was down; the next run reads
+        an unusable URL from its credential. Before, the first send raised OverflowError (not
+        an httpx.HTTPError) and the daemon died at every start. Now: one error line naming the
+        credential (never the URL), Slack off, /healthz says why, crashes still handled."""
+        slack.stop()
+        sup = make_supervisor(slack_url=slack.url)
+        state = tmp_path / "state"
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(crash("unknown", 1))
+            sup.start()
+            wait_for(lambda: _events(sup, "slack_delivery_failed"), what="a refused delivery")
+            assert sup.terminate() == 0, sup.stderr_text()
+            assert [row[0] for row in _outbox(state)] == ["pending"]
+            credentials = tmp_path / "credentials"
+            credentials.mkdir()
+            (credentials / "slack-webhook").write_text(f"http://127.0.0.1:99999{WEBHOOK_PATH}\n")
+            write_config(tmp_path)  # no [slack]: the credential is the URL
+            sup.env["CREDENTIALS_DIRECTORY"] = str(credentials)
+            sup.start()
+            wait_for(lambda: _events(sup, "slack_webhook_invalid"), what="the URL refused")
+            writer.write(crash("fatal", 2))
+            writer.nudge()
+            wait_for(lambda: (tmp_path / QUARANTINE).exists(), timeout=10, what="the halt")
+            assert sup.alive(), sup.stderr_text()
+            status, health = _healthz(sup)
+            assert (status, health["slack"]) == (503, "invalid_url"), health
+            assert "Slack is off" in " ".join(health["reasons"])
+        assert sup.terminate() == 0, sup.stderr_text()
+        invalid = _events(sup, "slack_webhook_invalid")
+        assert len(invalid) == 1
+        assert str(credentials / "slack-webhook") in invalid[0]["source"]
+        assert [row[0] for row in _outbox(state)] == ["pending"]  # waits for a fixed URL
         _assert_no_secret(sup)
