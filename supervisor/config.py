@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
-from .notify.urls import url_problem
+from .util.urls import url_problem
 
 DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")

@@ -386,7 +386,7 @@ _PREFIXES = st.sampled_from(["https://", "http://", "https://127.0.0.1:", "ftp:/
 @given(st.one_of(st.text(max_size=200), st.tuples(_PREFIXES, st.text(max_size=60)).map("".join)))
 def test_the_validator_never_raises_and_accepts_only_what_httpx_can_send(text: str) -> None:
     """For any text: a problem, or a URL httpx builds a request for."""
-    from vllm_supervisor.notify.urls import url_problem
+    from vllm_supervisor.util.urls import url_problem
 
     problem = url_problem(text)
     if problem is None:
@@ -400,7 +400,7 @@ def test_the_validator_never_raises_and_accepts_only_what_httpx_can_send(text: s
 
 @given(_webhook_urls())
 def test_the_validator_accepts_webhook_urls(url_token: tuple[str, str]) -> None:
-    from vllm_supervisor.notify.urls import url_problem
+    from vllm_supervisor.util.urls import url_problem
 
     assert url_problem(url_token[0]) is None
 

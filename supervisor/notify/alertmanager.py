@@ -33,7 +33,7 @@ from ..store import Store
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
 from ..util.retry import Backoff
-from .urls import redact, url_problem
+from ..util.urls import redact, url_problem
 from .webhook import (
     MAX_BODY_BYTES,
     bounded,

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Secret
 from ..errors import NotifyError
-from .urls import MIN_SECRET_SEGMENT, REDACTED, url_problem
-from .urls import redact as redact_text
+from ..util.urls import MIN_SECRET_SEGMENT, REDACTED, url_problem
+from ..util.urls import redact as redact_text
 
 if TYPE_CHECKING:
     # Imported where a request is made: httpx and the ssl context it builds cost ~4 MB of RSS,
