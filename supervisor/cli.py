@@ -22,7 +22,6 @@ from .config import (
     DEFAULT_RUNTIME_DIR,
     DEFAULT_STATE_DIR,
     Config,
-    GateConfig,
     load_config,
     parse_listen,
     with_units,
@@ -345,23 +344,30 @@ def _mapping(value: object) -> dict[str, Any]:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    """`gate UNIT`: the ExecCondition check. A config that does not load must not skip every
-    start (exit 2 is "condition failed" to systemd): the gate then checks the directories its
-    flags name, and the defaults, and says in one line what it could not read."""
+    """`gate UNIT`: the ExecCondition check. It runs in the served unit, whose environment
+    (RUNTIME_DIRECTORY) is not the daemon's: the directories come from the config, and the
+    drop-in's `--runtime-dir`/`--state-dir` add places a record may be in, so one is found even
+    when the config does not load. That must not skip every start (exit 2 is "condition
+    failed" to systemd): the gate then says so in one line and goes on."""
+    from .actions.quarantine import DEFAULT_DIRS
     from .commands.gate import gate_main
 
     try:
-        config = resolve_config(args)
+        config = load_config(config_path(args))
     except SupervisorError as exc:
         print(f"{args.unit}: the supervisor's config does not load ({exc})", file=sys.stderr)
-        return gate_main(
-            args.unit,
-            args.runtime_dir or DEFAULT_RUNTIME_DIR,
-            args.state_dir or DEFAULT_STATE_DIR,
-            wait_s=GateConfig().wait_s,
-        )
+        config = Config()
+    state = config.state
+    runtime_dir = state.runtime_dir
+    if runtime_dir == DEFAULT_RUNTIME_DIR and args.runtime_dir is not None:
+        runtime_dir = args.runtime_dir  # where the daemon's socket is, for a test's daemon
+    named = tuple(d for d in (args.runtime_dir, args.state_dir) if d is not None)
     return gate_main(
-        args.unit, config.state.runtime_dir, config.state.state_dir, wait_s=config.gate.wait_s
+        args.unit,
+        runtime_dir,
+        state.state_dir,
+        wait_s=config.gate.wait_s,
+        defaults=(*named, *DEFAULT_DIRS),
     )
 
 
