@@ -50,3 +50,14 @@ def _writer(journal_dir: Path) -> Iterator[JournalWriter]:
     writer = JournalWriter(journal_dir)
     yield writer
     writer.close()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_restored() -> Iterator[None]:
+    """A test that runs `cli.main` in-process configures logging onto the stream pytest
+    captured for it, which is closed after the test: later tests must not log into it."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
