@@ -21,7 +21,7 @@ import aiofiles.os
 import structlog
 
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
-from ..util.files import make_dirs
+from ..util.files import fsync_directory, make_dirs
 
 _log = structlog.get_logger(__name__)
 
@@ -75,7 +75,7 @@ class Quarantine:
             with contextlib.suppress(OSError):
                 Path(tmp).unlink()
             raise
-        self._fsync_directory()
+        fsync_directory(self.directory)
         return target
 
     async def write_async(self, unit: str, record: dict[str, Any]) -> Path:
@@ -102,7 +102,7 @@ class Quarantine:
             return None
         with contextlib.suppress(FileNotFoundError):
             self.path(unit).unlink()
-        self._fsync_directory()
+        fsync_directory(self.directory)
         return record
 
     def is_quarantined(self, unit: str) -> bool:
@@ -129,14 +129,6 @@ class Quarantine:
     def _ensure_directory(self) -> None:
         make_dirs(self.directory, DIR_MODE)  # parents too: never world-writable
         self.directory.chmod(DIR_MODE)
-
-    def _fsync_directory(self) -> None:
-        # The rename or unlink is durable only once the directory entry itself is synced.
-        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _parse(unit: str, path: Path, text: str) -> dict[str, Any]:

@@ -15,20 +15,33 @@ DIR_MODE = 0o750
 FILE_MODE = 0o600
 
 
-def make_dirs(path: Path, mode: int = DIR_MODE) -> None:
+def make_dirs(path: Path, mode: int = DIR_MODE) -> list[Path]:
     """`mkdir -p` where every directory created gets `mode` exactly (not `mode & ~umask` for
-    the last one and 0o777 & ~umask for its parents, as `Path.mkdir(parents=True)` does)."""
+    the last one and 0o777 & ~umask for its parents, as `Path.mkdir(parents=True)` does).
+    Returns the directories it created, outermost first."""
     missing: list[Path] = []
     current = path
     while not current.exists():
         missing.append(current)
         current = current.parent
+    made: list[Path] = []
     for directory in reversed(missing):
         try:
             directory.mkdir(mode=mode)
         except FileExistsError:
             continue  # created by someone else meanwhile; it is not ours to chmod
         directory.chmod(mode)
+        made.append(directory)
+    return made
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or unlink in `directory` durable: the entry is synced with the directory."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def private_file(path: Path, mode: int = FILE_MODE) -> None:
@@ -46,18 +59,3 @@ def private_file(path: Path, mode: int = FILE_MODE) -> None:
         return
     os.fchmod(fd, mode)  # O_CREAT applies the umask; fchmod does not
     os.close(fd)
-
-
-def atomic_write(path: Path, text: str, *, mode: int, dir_mode: int = 0o755) -> None:
-    """Replace `path` with `text` in one rename (a reader sees the old file or the new one,
-    never half), `mode` exactly, fsynced; missing parents get `dir_mode`."""
-    make_dirs(path.parent, dir_mode)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(temporary, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, text.encode("utf-8"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    temporary.replace(path)

@@ -22,6 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import fsync_directory, make_dirs
+
 ROOT = Path("/")
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -126,7 +128,7 @@ class StagedFiles:
     def add(self, path: Path, data: bytes, *, mode: int) -> None:
         """Write `data` with `mode` exactly to a new temp file in `path`'s directory, fsynced.
         OSError when it cannot be written (what was staged so far stays, for `discard`)."""
-        self._make_dirs(path.parent)
+        self._made += make_dirs(path.parent, self._dir_mode)
         temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
         fd = os.open(temporary, _NEW_FILE, 0o600)
         self._staged.append((temporary, path))
@@ -143,7 +145,7 @@ class StagedFiles:
         for temporary, path in self._staged:
             temporary.replace(path)
         for directory in dict.fromkeys(path.parent for _, path in self._staged):
-            _fsync_directory(directory)
+            fsync_directory(directory)
         self._staged.clear()
         self._made.clear()
 
@@ -158,29 +160,11 @@ class StagedFiles:
         self._staged.clear()
         self._made.clear()
 
-    def _make_dirs(self, directory: Path) -> None:
-        missing = []
-        while not directory.exists():
-            missing.append(directory)
-            directory = directory.parent
-        for new in reversed(missing):
-            new.mkdir(mode=self._dir_mode)
-            self._made.append(new)
-            new.chmod(self._dir_mode)  # mkdir applies the umask
-
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_regular(path: Path) -> str | None:
