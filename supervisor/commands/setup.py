@@ -28,7 +28,7 @@ from typing import TextIO
 
 from ..actions.systemd import SystemdClient, ask_once
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
-from ..environment.execstart import interpreter_from_exec_start
+from ..environment.execstart import interpreter_from_exec_start, shebang_words
 from ..environment.reach import HIDING, environment_root, hidden_by
 from ..errors import ConfigError, SupervisorError, SystemdError
 from ..util.safe_write import StagedFiles, read_regular, untrusted, unwritable
@@ -453,11 +453,7 @@ def program_interpreters(program: Path) -> list[Path]:
 
 def shebang_command(head: str) -> str | None:
     """The command a script's `#!` line names (its first word), or None."""
-    first = head.partition("\n")[0]
-    if not first.startswith("#!"):
-        return None
-    words = first[2:].split()
-    return words[0] if words else None
+    return next(iter(shebang_words(head.partition("\n")[0])), None)
 
 
 def _environments(interpreters: Iterable[Path]) -> list[Path]:

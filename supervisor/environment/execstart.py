@@ -34,17 +34,19 @@ def interpreter_from_exec_start(
     A binary such as TGI's `text-generation-launcher` gives None. Symlinks are not resolved:
     a venv's `bin/python` must be run by that path to see the venv.
     """
-    program = _program(list(argv), search_path)
-    if program is None:
+    command = _command(list(argv))
+    if not command:
         return None
+    program = command[0]
     if _PYTHON_NAME.match(Path(program).name):
         return _locate(program, search_path)
     path = _locate(program, search_path)
     return None if path is None else _shebang_interpreter(path, search_path)
 
 
-def _program(argv: list[str], search_path: str) -> str | None:
-    """The command an ExecStart= line finally runs, after its wrappers."""
+def _command(argv: list[str]) -> list[str]:
+    """The command line an ExecStart= line finally runs, after its prefix and wrappers (empty
+    when a wrapper runs nothing)."""
     argv = _strip_systemd_prefix(argv)
     while argv:
         name = Path(argv[0]).name
@@ -55,8 +57,8 @@ def _program(argv: list[str], search_path: str) -> str | None:
         elif name in _WRAPPERS:
             argv = _after_wrapper(argv[1:])
         else:
-            return argv[0]
-    return None
+            return argv
+    return []
 
 
 def _strip_systemd_prefix(argv: list[str]) -> list[str]:
@@ -103,6 +105,11 @@ def _locate(program: str, search_path: str) -> Path | None:
     return None if found is None else Path(found)
 
 
+def shebang_words(line: str) -> list[str]:
+    """The words of a script's `#!` line, its interpreter first; empty when it has none."""
+    return line[2:].split() if line.startswith("#!") else []
+
+
 def _shebang_interpreter(script: Path, search_path: str) -> Path | None:
     """The python a script's `#!` line names (directly, through env, or pip's sh trampoline)."""
     try:
@@ -110,9 +117,7 @@ def _shebang_interpreter(script: Path, search_path: str) -> Path | None:
             lines = handle.read(4096).decode(errors="replace").splitlines()
     except OSError:
         return None
-    if not lines or not lines[0].startswith("#!"):
-        return None
-    words = lines[0][2:].split()
+    words = shebang_words(lines[0]) if lines else []
     if not words:
         return None
     name = Path(words[0]).name
@@ -140,7 +145,10 @@ _DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...] = (
 def serving_port(argv: Sequence[str]) -> int | None:
     """The TCP port a server's ExecStart= makes it listen on: its `--port`, else the engine's
     default (vLLM 8000, SGLang 30000, TGI 3000); None when neither is known."""
-    words = _words(list(argv))
+    try:
+        words = _command(list(argv))
+    except ValueError:  # an unbalanced quote in a shell's script or `env -S`: as they are
+        words = list(argv)
     for index, word in enumerate(words):
         value = None
         if word == "--port" and index + 1 < len(words):
@@ -156,17 +164,6 @@ def serving_port(argv: Sequence[str]) -> int | None:
         if _contains_run(names, marks):
             return port
     return None
-
-
-def _words(argv: list[str]) -> list[str]:
-    """The command line's words, a shell's `-c` script split into its own."""
-    try:
-        argv = _strip_systemd_prefix(argv)
-        if argv and Path(argv[0]).name in _SHELLS and "-c" in argv[1:-1]:
-            return shlex.split(argv[argv.index("-c", 1) + 1])
-    except ValueError:  # an unbalanced quote: take the words as they are
-        pass
-    return argv
 
 
 def _contains_run(words: list[str], run: tuple[str, ...]) -> bool:
