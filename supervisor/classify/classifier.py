@@ -37,6 +37,7 @@ from ..environment.serving import is_serving_line
 from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from .fingerprint import fingerprint
 from .logline import (
+    INFO_LEVELS,
     Annotated,
     ParsedLine,
     Role,
@@ -68,7 +69,6 @@ _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # A cause signature on a line logged below error level (a warning at import, an INFO line on
 # the KV cache) explains the crash only when no error or exception does.
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
-_INFO_LEVELS = frozenset({"DEBUG", "INFO"})
 # A request log line: vLLM's RequestLogger, SGLang's request dump. It quotes what a client sent.
 _REQUEST_LOG = re.compile(
     r"\b(?:Received request|Generated response|Added request) \S+|\b(?:Receive|Finish): obj="
@@ -125,9 +125,7 @@ class Classifier:
         """
         ann = annotate(lines)
         opened = clients_from(ann.lines)
-        candidates = [
-            c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, i >= opened))
-        ]
+        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, opened))]
         crashed_blocks = [b for b in ann.blocks if not b.ignored]
         if not candidates:
             return _no_cause(crashed_blocks)
@@ -197,28 +195,27 @@ class Classifier:
         block_id = ann.block_of[index]
         return ann.blocks[block_id] if block_id >= 0 else None
 
-    def _candidate(self, ann: Annotated, index: int, clients: bool) -> _Candidate | None:
-        """The line at `index` as a root-cause candidate, or None. `clients`: the server took
-        requests by then, so information (a request log quotes whatever a client sent) is no
-        cause. One request's failure (its handler's traceback) is context only."""
-        if clients and ann.roles[index] is Role.MESSAGE and ann.lines[index].level in _INFO_LEVELS:
+    def _candidate(self, ann: Annotated, index: int, opened: int) -> _Candidate | None:
+        """The line at `index` as a root-cause candidate, or None. A message a client could
+        have written (see `clients_from`) is none; one request's failure (its handler's
+        traceback) is context only."""
+        if ann.roles[index] is Role.MESSAGE and _client_may_write(ann.lines[index], index, opened):
             return None
-        candidate = self._candidate_line(ann, index)
         block = self._block(ann, index)
+        candidate = self._candidate_line(ann, index, block)
         if candidate is None or block is None or not _handles_a_request(ann, block):
             return candidate
         return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
 
-    def _candidate_line(self, ann: Annotated, index: int) -> _Candidate | None:
+    def _candidate_line(
+        self, ann: Annotated, index: int, block: TracebackBlock | None
+    ) -> _Candidate | None:
         role = ann.roles[index]
         if role not in _MATCHED_ROLES:
             return None
-        block = self._block(ann, index)
         if block is not None and block.ignored:
             return None
         line = ann.lines[index]
-        if role is Role.MESSAGE and _REQUEST_LOG.search(line.text):
-            return None
         if role is Role.MESSAGE and _CODE_LIKE.match(line.text):
             return None  # a source line of a traceback cut above it, not a message
         special = crash_form(ann, index) if role is Role.MESSAGE else None
@@ -423,6 +420,12 @@ def clients_from(lines: Sequence[ParsedLine]) -> int:
     return len(lines)
 
 
+def _client_may_write(line: ParsedLine, index: int, opened: int) -> bool:
+    """True for a line a client of the API could have put in the journal: a request log line,
+    or information once the server took requests (`opened`, from `clients_from`)."""
+    return bool(_REQUEST_LOG.search(line.text)) or (index >= opened and line.level in INFO_LEVELS)
+
+
 def _handles_a_request(ann: Annotated, block: TracebackBlock) -> bool:
     """True when the traceback went through the server's request handling."""
     return any(m in ann.lines[f].text for f in block.frames for m in _REQUEST_FRAMES)
@@ -598,7 +601,7 @@ def best_guess(
         text = texts[index]
         if not text or set(text) <= _MARKER_CHARS or text.startswith('File "'):
             continue
-        if _REQUEST_LOG.search(text) or (index >= opened and parsed[index].level in _INFO_LEVELS):
+        if _client_may_write(parsed[index], index, opened):
             continue
         if after_frame[index] or text.startswith(_TRACEBACK_GLUE) or is_noise(text):
             continue

@@ -136,6 +136,9 @@ _ANSI = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3})*m")
 # Found from its `[`, the spaces before it stripped apart: a leading `\s*` made the search
 # quadratic on a long run of spaces (0.9 s for 16k).
 _REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*$")
+# The levels of information: what a program says it is doing, never what went wrong (and a
+# request log at these levels quotes whatever a client sent).
+INFO_LEVELS = frozenset({"DEBUG", "INFO"})
 _LEVELS = {
     "TRACE": "DEBUG",
     "DEBUG": "DEBUG",

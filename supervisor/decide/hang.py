@@ -31,7 +31,7 @@ from http import HTTPStatus
 
 import structlog
 
-from ..classify.logline import parse_line
+from ..classify.logline import INFO_LEVELS, parse_line
 from ..config import Config
 from ..environment.execstart import serving_port
 from ..errors import SystemdError
@@ -69,12 +69,10 @@ _ENDING = frozenset(
 )
 HEALTH_TIMEOUT_S = 5.0
 RETRY_S = 5.0  # a confirmation that could not be made (systemd did not answer) is retried
-_HUNG_REMEMBERED = 64
+_HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignored, per daemon
 # What may stand before a death phrase at the start of a line: a bare level word, and a
 # module path before an exception class (`vllm.v1.engine.exceptions.EngineDeadError: ...`).
-_QUALIFIER = re.compile(
-    r"^(?:(?:ERROR|CRITICAL|WARNING):?\s+)?(?:[A-Za-z_]\w*\.)*(?=[A-Z])"
-)  # invocations closed as hung whose later lines are ignored, per daemon
+_QUALIFIER = re.compile(r"^(?:(?:ERROR|CRITICAL|WARNING):?\s+)?(?:[A-Za-z_]\w*\.)*(?=[A-Z])")
 
 
 @dataclass(slots=True)
@@ -176,7 +174,7 @@ def is_engine_death(message: str, pattern: re.Pattern[str]) -> bool:
     A request log quotes what a client sent (`Received request ...: prompt: '...'`, INFO), so
     a death phrase anywhere else in a line is no evidence of anything."""
     parsed = parse_line(LogLine(text=message))
-    if parsed.level in ("DEBUG", "INFO"):
+    if parsed.level in INFO_LEVELS:
         return False
     return pattern.match(_QUALIFIER.sub("", parsed.text.lstrip(), count=1)) is not None
 
