@@ -149,11 +149,7 @@ def _lifted(
     except OSError as exc:
         print(f"{unit}: {what}, but the halt cannot be lifted: {exc.strerror}", file=stream)
         return False
-    ask(
-        socket_path(runtime_dir),
-        {"op": "released", "unit": unit},
-        timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
-    )
+    _tell_released(unit, runtime_dir)
     print(
         f"{unit}: start allowed: the halt is lifted, {what} (was: {_summary(record)})", file=stream
     )
@@ -181,16 +177,20 @@ def release_main(
             released += 1
             print(f"released {unit} ({directory}): {_summary(record)}", file=stream)
     if released:
-        # The daemon forgets the unit's streak and clears its halted gauge at once.
-        ask(
-            socket_path(runtime_dir),
-            {"op": "released", "unit": unit},
-            timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
-        )
+        _tell_released(unit, runtime_dir)
         print(f"start it again with: systemctl start {unit}", file=stream)
     else:
         print(f"{unit} is not quarantined", file=stream)
     return 0
+
+
+def _tell_released(unit: str, runtime_dir: Path) -> None:
+    """The running daemon forgets the unit's streak and clears its halted gauge at once."""
+    ask(
+        socket_path(runtime_dir),
+        {"op": "released", "unit": unit},
+        timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
+    )
 
 
 def _summary(record: dict[str, Any]) -> str:
