@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from slack_server import SlackServer
 
 from vllm_supervisor.journal.writer import JournalWriter
 
@@ -61,3 +62,12 @@ def _structlog_restored() -> Iterator[None]:
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+
+
+@pytest.fixture(name="slack")
+def _slack() -> Iterator[SlackServer]:
+    """A Slack webhook stand-in on loopback (tests/slack_server.py)."""
+    server = SlackServer()
+    server.start()
+    yield server
+    server.stop()

@@ -56,14 +56,6 @@ def _structlog_restored() -> Iterator[None]:
     structlog.configure(**saved)
 
 
-@pytest.fixture(name="server")
-def _server() -> Iterator[SlackServer]:
-    server = SlackServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 def leaks(text: str, secret: str = WEBHOOK_PATH, n: int = 8) -> set[str]:
     """Every `n`-character piece of `secret` that appears in `text`."""
     return {secret[i : i + n] for i in range(len(secret) - n + 1) if secret[i : i + n] in text}
@@ -200,11 +192,11 @@ async def test_an_unexpected_exception_is_bounded_by_max_attempts(tmp_path: Path
 
 
 async def test_a_message_that_cannot_be_rendered_is_dropped(
-    tmp_path: Path, server: SlackServer
+    tmp_path: Path, slack: SlackServer
 ) -> None:
     """A stored payload that is not JSON, or holds NaN (httpx refuses it): unrenderable."""
     clock = FakeClock()
-    hook = SlackWebhook(Secret(server.url), timeout_s=5)
+    hook = SlackWebhook(Secret(slack.url), timeout_s=5)
     store, outbox, metrics = _outbox(tmp_path, hook, clock)
     _queue(store, outbox, "inv-1")
     _queue(store, outbox, "inv-2")
@@ -215,7 +207,7 @@ async def test_a_message_that_cannot_be_rendered_is_dropped(
         async with running(outbox):
             await poll(lambda: [s[0] for s in _states(store)] == ["failed", "failed"])
     await hook.aclose()
-    assert server.count() == 0
+    assert slack.count() == 0
     assert _dropped(metrics, "slack", "unrenderable") == 2
 
 
@@ -275,12 +267,12 @@ def _echo_body(url: str) -> str:
     return "proxy error: " + "x" * (pad - len("proxy error: ")) + url + " (upstream 500)"
 
 
-async def test_a_500_echoing_the_url_leaks_nothing(tmp_path: Path, server: SlackServer) -> None:
+async def test_a_500_echoing_the_url_leaks_nothing(tmp_path: Path, slack: SlackServer) -> None:
     """Slack (or a proxy) answers 500 with the URL in its body: no 8-character piece of the
     secret path reaches a log line or /healthz (readable by any local user)."""
-    server.reply(*[Reply(500, _echo_body(server.url)) for _ in range(4)])
+    slack.reply(*[Reply(500, _echo_body(slack.url)) for _ in range(4)])
     clock = FakeClock()
-    hook = SlackWebhook(Secret(server.url), timeout_s=5)
+    hook = SlackWebhook(Secret(slack.url), timeout_s=5)
     store, outbox, metrics = _outbox(tmp_path, hook, clock)
     http = MetricsServer(metrics, outbox.health)
     _queue(store, outbox)
@@ -288,7 +280,7 @@ async def test_a_500_echoing_the_url_leaks_nothing(tmp_path: Path, server: Slack
         with structlog.testing.capture_logs() as logs:
             await http.start("127.0.0.1", 0)
             async with running(outbox):
-                await poll(lambda: not outbox.health()[0] and server.count() >= 3)
+                await poll(lambda: not outbox.health()[0] and slack.count() >= 3)
                 async with httpx.AsyncClient() as client:
                     healthz = (await client.get(f"http://127.0.0.1:{http.port}/healthz")).text
     finally:
@@ -301,12 +293,12 @@ async def test_a_500_echoing_the_url_leaks_nothing(tmp_path: Path, server: Slack
     assert not leaks(repr(_states(store)))
 
 
-async def test_percent_encoded_and_partial_echoes_are_redacted(server: SlackServer) -> None:
+async def test_percent_encoded_and_partial_echoes_are_redacted(slack: SlackServer) -> None:
     """A proxy that quotes the URL percent-encoded, or only a piece of the path."""
-    encoded = httpx.URL(server.url).path.replace("/", "%2F")
+    encoded = httpx.URL(slack.url).path.replace("/", "%2F")
     partial = WEBHOOK_PATH[5:40]
-    server.reply(Reply(400, f"bad {encoded}"), Reply(502, f"cut {partial}"))
-    async with SlackWebhook(Secret(server.url), timeout_s=5) as hook:
+    slack.reply(Reply(400, f"bad {encoded}"), Reply(502, f"cut {partial}"))
+    async with SlackWebhook(Secret(slack.url), timeout_s=5) as hook:
         for _ in range(2):
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
@@ -346,12 +338,12 @@ async def test_alertmanager_with_an_unusable_url_stops_quietly(tmp_path: Path, u
 
 
 async def test_alertmanager_4xx_is_not_retried_and_5xx_is_redacted(
-    tmp_path: Path, server: SlackServer
+    tmp_path: Path, slack: SlackServer
 ) -> None:
     """A 400 drops the round (counted, logged once); a 500 echoing the URL leaks nothing."""
-    base = f"http://user:{SECRET}@127.0.0.1:{server.port}"
+    base = f"http://user:{SECRET}@127.0.0.1:{slack.port}"
     sink, metrics = _sink(tmp_path, base)
-    server.reply(Reply(400, "bad alerts"), Reply(500, f"upstream {base}/api/v2/alerts"))
+    slack.reply(Reply(400, "bad alerts"), Reply(500, f"upstream {base}/api/v2/alerts"))
     with structlog.testing.capture_logs() as logs:
         async with httpx.AsyncClient() as client:
             assert await sink.reconcile(client) is True  # nothing to retry: dropped

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,6 @@ from vllm_supervisor.notify.outbox import Outbox
 from vllm_supervisor.notify.webhook import SlackRateLimited, SlackWebhook
 from vllm_supervisor.store import Checkpoint, Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
-
-
-@pytest.fixture(name="server")
-def _server() -> Iterator[SlackServer]:
-    server = SlackServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def _texts(payload: dict) -> list[str]:
@@ -142,60 +133,60 @@ class TestPayload:
 class TestWebhook:
     """One attempt against a real HTTP server on loopback, classified like Alertmanager."""
 
-    async def test_2xx_is_delivered(self, server: SlackServer) -> None:
+    async def test_2xx_is_delivered(self, slack: SlackServer) -> None:
         """A 200 returns normally and the server received the JSON payload on the secret path."""
-        async with SlackWebhook(Secret(server.url), timeout_s=5) as hook:
+        async with SlackWebhook(Secret(slack.url), timeout_s=5) as hook:
             await hook.send({"text": "hi"})
-        assert server.requests[0].json() == {"text": "hi"}
-        assert server.requests[0].path.endswith(SECRET)
-        assert server.requests[0].headers["Content-Type"] == "application/json"
+        assert slack.requests[0].json() == {"text": "hi"}
+        assert slack.requests[0].path.endswith(SECRET)
+        assert slack.requests[0].headers["Content-Type"] == "application/json"
 
-    async def test_5xx_is_retryable(self, server: SlackServer) -> None:
+    async def test_5xx_is_retryable(self, slack: SlackServer) -> None:
         """A 500 raises a retryable NotifyError."""
-        server.reply(Reply(500, "oops"))
-        async with SlackWebhook(Secret(server.url)) as hook:
+        slack.reply(Reply(500, "oops"))
+        async with SlackWebhook(Secret(slack.url)) as hook:
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
         assert (caught.value.retryable, caught.value.reason) == (True, "http_5xx")
 
-    async def test_429_exposes_retry_after(self, server: SlackServer) -> None:
+    async def test_429_exposes_retry_after(self, slack: SlackServer) -> None:
         """A 429 is retryable and carries Retry-After in seconds."""
-        server.reply(Reply(429, "rate_limited", {"Retry-After": "7"}))
-        async with SlackWebhook(Secret(server.url)) as hook:
+        slack.reply(Reply(429, "rate_limited", {"Retry-After": "7"}))
+        async with SlackWebhook(Secret(slack.url)) as hook:
             with pytest.raises(SlackRateLimited) as caught:
                 await hook.send({"text": "hi"})
         assert caught.value.retryable
         assert caught.value.retry_after == 7.0
 
-    async def test_4xx_is_permanent_with_slack_text(self, server: SlackServer) -> None:
+    async def test_4xx_is_permanent_with_slack_text(self, slack: SlackServer) -> None:
         """A 400 invalid_payload is permanent; the reason and message carry Slack's error text."""
-        server.reply(Reply(400, "invalid_payload"))
-        async with SlackWebhook(Secret(server.url)) as hook:
+        slack.reply(Reply(400, "invalid_payload"))
+        async with SlackWebhook(Secret(slack.url)) as hook:
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
         assert (caught.value.retryable, caught.value.reason) == (False, "invalid_payload")
         assert "invalid_payload" in str(caught.value)
 
-    async def test_error_text_is_bounded(self, server: SlackServer) -> None:
+    async def test_error_text_is_bounded(self, slack: SlackServer) -> None:
         """An unexpected long 4xx body is cut and becomes the bounded reason http_4xx."""
-        server.reply(Reply(404, "no such thing " * 500))
-        async with SlackWebhook(Secret(server.url)) as hook:
+        slack.reply(Reply(404, "no such thing " * 500))
+        async with SlackWebhook(Secret(slack.url)) as hook:
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
         assert caught.value.reason == "http_4xx"
         assert len(str(caught.value)) < 300
 
-    async def test_connection_refused_is_retryable(self, server: SlackServer) -> None:
+    async def test_connection_refused_is_retryable(self, slack: SlackServer) -> None:
         """Slack being unreachable is a retryable transport error."""
-        server.stop()
-        async with SlackWebhook(Secret(server.url)) as hook:
+        slack.stop()
+        async with SlackWebhook(Secret(slack.url)) as hook:
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
         assert (caught.value.retryable, caught.value.reason) == (True, "connect")
 
-    async def test_tls_error_is_retryable(self, server: SlackServer) -> None:
+    async def test_tls_error_is_retryable(self, slack: SlackServer) -> None:
         """A TLS handshake failure (https to a plain-HTTP port) is a retryable "tls" error."""
-        url = server.url.replace("http://", "https://")
+        url = slack.url.replace("http://", "https://")
         async with SlackWebhook(Secret(url)) as hook:
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
@@ -203,18 +194,18 @@ class TestWebhook:
         assert SECRET not in str(caught.value)
 
     async def test_url_never_leaks(
-        self, server: SlackServer, caplog: pytest.LogCaptureFixture
+        self, slack: SlackServer, caplog: pytest.LogCaptureFixture
     ) -> None:
         """The secret is absent from errors, their chain, the repr and httpx's own request log."""
         caplog.set_level(logging.DEBUG)
-        server.reply(Reply(500, f"echo {server.url}"), Reply(400, f"bad {SECRET}"))
-        hook = SlackWebhook(Secret(server.url))
+        slack.reply(Reply(500, f"echo {slack.url}"), Reply(400, f"bad {SECRET}"))
+        hook = SlackWebhook(Secret(slack.url))
         errors = []
         for _ in range(2):
             with pytest.raises(NotifyError) as caught:
                 await hook.send({"text": "hi"})
             errors.append(caught.value)
-        server.stop()
+        slack.stop()
         with pytest.raises(NotifyError) as caught:
             await hook.send({"text": "hi"})
         errors.append(caught.value)
@@ -259,50 +250,50 @@ def _count(metrics: Metrics, outcome: str) -> float:
 class TestDelivery:
     """The outbox delivering to a real HTTP server, with time injected."""
 
-    async def test_500_then_200_is_sent_once(self, server: SlackServer, tmp_path: Path) -> None:
+    async def test_500_then_200_is_sent_once(self, slack: SlackServer, tmp_path: Path) -> None:
         """A 500 is retried; the 200 that follows delivers it, and no further request is made."""
-        server.reply(Reply(500, "oops"))
+        slack.reply(Reply(500, "oops"))
         clock, metrics = FakeClock(), Metrics(new_registry(process=False))
-        store, outbox = _outbox(tmp_path / "s.db", server.url, clock, metrics)
+        store, outbox = _outbox(tmp_path / "s.db", slack.url, clock, metrics)
         _queue(store, outbox)
         async with running(outbox):
             await poll(lambda: store.history()[0]["notified"])
-        assert server.count() == 2
-        assert server.requests[0].json() == server.requests[1].json()
+        assert slack.count() == 2
+        assert slack.requests[0].json() == slack.requests[1].json()
         assert (_count(metrics, "retried"), _count(metrics, "sent")) == (1.0, 1.0)
         assert outbox.depth() == 0
 
-    async def test_429_waits_for_retry_after(self, server: SlackServer, tmp_path: Path) -> None:
+    async def test_429_waits_for_retry_after(self, slack: SlackServer, tmp_path: Path) -> None:
         """A 429 with Retry-After: 30 delays the next attempt by 30 s, then it is sent once."""
-        server.reply(Reply(429, "rate_limited", {"Retry-After": "30"}))
+        slack.reply(Reply(429, "rate_limited", {"Retry-After": "30"}))
         clock, metrics = FakeClock(), Metrics(new_registry(process=False))
-        store, outbox = _outbox(tmp_path / "s.db", server.url, clock, metrics)
+        store, outbox = _outbox(tmp_path / "s.db", slack.url, clock, metrics)
         _queue(store, outbox)
         async with running(outbox):
             await poll(lambda: store.history()[0]["notified"])
-        assert server.count() == 2
+        assert slack.count() == 2
         assert sum(clock.slept) >= 30.0
         assert _count(metrics, "sent") == 1.0
 
-    async def test_400_is_not_retried(self, server: SlackServer, tmp_path: Path) -> None:
+    async def test_400_is_not_retried(self, slack: SlackServer, tmp_path: Path) -> None:
         """A 400 invalid_payload marks the message failed after one request and counts it."""
-        server.reply(Reply(400, "invalid_payload"))
+        slack.reply(Reply(400, "invalid_payload"))
         clock, metrics = FakeClock(), Metrics(new_registry(process=False))
-        store, outbox = _outbox(tmp_path / "s.db", server.url, clock, metrics)
+        store, outbox = _outbox(tmp_path / "s.db", slack.url, clock, metrics)
         _queue(store, outbox)
         with structlog.testing.capture_logs() as logs:
             async with running(outbox):
                 await poll(lambda: _count(metrics, "failed") == 1.0)
                 assert outbox.depth() == 0
-        assert server.count() == 1
+        assert slack.count() == 1
         assert not store.history()[0]["notified"]
         assert [e["event"] for e in logs if e["log_level"] == "error"] == ["slack_message_dropped"]
         assert "invalid_payload" in logs[-1]["error"]
 
-    async def test_survives_supervisor_restart(self, server: SlackServer, tmp_path: Path) -> None:
+    async def test_survives_supervisor_restart(self, slack: SlackServer, tmp_path: Path) -> None:
         """Slack down at the crash, supervisor restarted, Slack back: the message arrives once."""
-        db, url = tmp_path / "state.db", server.url
-        server.stop()
+        db, url = tmp_path / "state.db", slack.url
+        slack.stop()
         clock = FakeClock()
         metrics = Metrics(new_registry(process=False))
         store, outbox = _outbox(db, url, clock, metrics, max_attempts=1000)
@@ -311,7 +302,7 @@ class TestDelivery:
             async with running(outbox):
                 await poll(lambda: _count(metrics, "retried") >= 2)
         store.close()
-        server.start()  # the same port
+        slack.start()  # the same port
         metrics2 = Metrics(new_registry(process=False))
         store2, outbox2 = _outbox(db, url, clock, metrics2, max_attempts=1000)
         assert outbox2.depth() == 1
@@ -321,17 +312,17 @@ class TestDelivery:
         store3, outbox3 = _outbox(db, url, clock, Metrics(new_registry(process=False)))
         async with running(outbox3):
             assert outbox3.depth() == 0
-        assert server.count() == 1
+        assert slack.count() == 1
         failures = [e for e in logs if e["event"] == "slack_delivery_failed"]
         assert len(failures) == 1  # the identical connection error is logged once
         assert SECRET not in repr(logs)
         store3.close()
 
-    async def test_secret_not_in_logs(self, server: SlackServer, tmp_path: Path) -> None:
+    async def test_secret_not_in_logs(self, slack: SlackServer, tmp_path: Path) -> None:
         """No captured structlog event mentions the webhook secret, whatever failed."""
-        server.reply(Reply(500, server.url), Reply(429, SECRET), Reply(403, server.url))
+        slack.reply(Reply(500, slack.url), Reply(429, SECRET), Reply(403, slack.url))
         clock, metrics = FakeClock(), Metrics(new_registry(process=False))
-        store, outbox = _outbox(tmp_path / "s.db", server.url, clock, metrics)
+        store, outbox = _outbox(tmp_path / "s.db", slack.url, clock, metrics)
         _queue(store, outbox)
         with structlog.testing.capture_logs() as logs:
             async with running(outbox):

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from slack_server import SlackServer
 
 from faults.harness import Supervisor, is_reader, write_config
 
@@ -17,14 +16,6 @@ from faults.harness import Supervisor, is_reader, write_config
 def pytest_configure(config: pytest.Config) -> None:
     """Register the soak marker here (the shared pyproject is not ours to edit)."""
     config.addinivalue_line("markers", "soak: compressed soak test (minutes, not seconds)")
-
-
-@pytest.fixture(name="slack")
-def _slack() -> Iterator[SlackServer]:
-    server = SlackServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(name="supervisors")
