@@ -10,22 +10,20 @@ annotations.
 
 # ruff: noqa: F821 - the string annotations of FakeManager/FakeUnit are D-Bus signatures.
 
-import asyncio
 import contextlib
 import io
 import json
 import os
 import shutil
-import subprocess
 import tempfile
-import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from dbus_fast.aio import MessageBus
-from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
+from dbus_fast.service import ServiceInterface, method
+from fake_systemd import FakeService, FakeUnit, private_bus, served_from_a_thread
 from fakedaemon import FakeDaemon
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -111,97 +109,24 @@ class FakeManager(ServiceInterface):
         return "/org/freedesktop/systemd1/unit/" + ("vllm_2eservice" if name == UNIT else "x")
 
 
-class FakeService(ServiceInterface):
-    def __init__(self) -> None:
-        super().__init__("org.freedesktop.systemd1.Service")
-
-    @dbus_property(access=PropertyAccess.READ)
-    def NRestarts(self) -> "u":
-        return 0
-
-    @dbus_property(access=PropertyAccess.READ)
-    def Result(self) -> "s":
-        return "success"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def MainPID(self) -> "u":
-        return 4242
-
-
-class FakeUnit(ServiceInterface):
-    def __init__(self, load_state: str) -> None:
-        super().__init__("org.freedesktop.systemd1.Unit")
-        self.load_state = load_state
-
-    @dbus_property(access=PropertyAccess.READ)
-    def LoadState(self) -> "s":
-        return self.load_state
-
-    @dbus_property(access=PropertyAccess.READ)
-    def ActiveState(self) -> "s":
-        return "active" if self.load_state == "loaded" else "inactive"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def SubState(self) -> "s":
-        return "running" if self.load_state == "loaded" else "dead"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def InvocationID(self) -> "ay":
-        return b""
-
-
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
-  </policy>
-</busconfig>
-"""
-
-
 @pytest.fixture
 def systemd_bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A private dbus-daemon with a fake systemd on it, served from a thread of this process
     (the command under test runs its own event loop in the main thread)."""
-    daemon = shutil.which("dbus-daemon")
-    assert daemon, "dbus-daemon is missing: install the Debian package dbus-daemon"
-    config = tmp_path / "bus.conf"
-    config.write_text(BUS_CONFIG.format(socket=tmp_path / "bus"))
-    proc = subprocess.Popen(
-        [daemon, f"--config-file={config}", "--nofork", "--print-address"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()  # printed once the socket listens
-        bus = asyncio.run_coroutine_threadsafe(_serve_systemd(address), loop).result(10)
+    with private_bus(tmp_path) as address, served_from_a_thread(lambda: _serve_systemd(address)):
         monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
         yield address
-        loop.call_soon_threadsafe(bus.disconnect)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def _serve_systemd(address: str) -> MessageBus:
     bus = await MessageBus(bus_address=address).connect()
     bus.export("/org/freedesktop/systemd1", FakeManager())
-    bus.export("/org/freedesktop/systemd1/unit/vllm_2eservice", FakeUnit("loaded"))
-    bus.export("/org/freedesktop/systemd1/unit/vllm_2eservice", FakeService())
-    bus.export("/org/freedesktop/systemd1/unit/x", FakeUnit("not-found"))
+    bus.export("/org/freedesktop/systemd1/unit/vllm_2eservice", FakeUnit())
+    bus.export("/org/freedesktop/systemd1/unit/vllm_2eservice", FakeService(main_pid=4242))
+    bus.export(
+        "/org/freedesktop/systemd1/unit/x",
+        FakeUnit(active="inactive", sub="dead", load_state="not-found"),
+    )
     await bus.request_name("org.freedesktop.systemd1")
     return bus
 

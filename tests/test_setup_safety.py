@@ -14,7 +14,6 @@ paths pointed there, systemd's commands recorded, not run); ownership is played 
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import io
@@ -23,17 +22,16 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from dbus_fast.aio import MessageBus
+from fake_systemd import FakeService, FakeUnit, private_bus, served_from_a_thread
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_systemd_errors import UNIT_PATH, FakeManager, FakeService, FakeUnit
-from test_systemd_errors import bus_address as bus_address  # the fixture, for systemd_bus
+from test_systemd_errors import UNIT_PATH, FakeManager
 
 from vllm_supervisor.cli import main
 from vllm_supervisor.commands import setup
@@ -383,27 +381,21 @@ def test_systemd_that_cannot_be_asked_is_said_once(
 
 
 @pytest.fixture
-def systemd_bus(bus_address: str) -> Iterator[str]:
+def systemd_bus(tmp_path: Path) -> Iterator[str]:
     """A fake systemd on a private bus, served from its own thread while setup (synchronous,
     its own event loop) asks it. Its LoadUnit answers NoSuchUnit for `missing.service`."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    with private_bus(tmp_path) as address:
 
-    async def serve() -> MessageBus:
-        bus = await MessageBus(bus_address=bus_address).connect()
-        bus.export("/org/freedesktop/systemd1", FakeManager())
-        bus.export(UNIT_PATH, FakeUnit())
-        bus.export(UNIT_PATH, FakeService())
-        await bus.request_name("org.freedesktop.systemd1")
-        return bus
+        async def serve() -> MessageBus:
+            bus = await MessageBus(bus_address=address).connect()
+            bus.export("/org/freedesktop/systemd1", FakeManager())
+            bus.export(UNIT_PATH, FakeUnit())
+            bus.export(UNIT_PATH, FakeService())
+            await bus.request_name("org.freedesktop.systemd1")
+            return bus
 
-    bus = asyncio.run_coroutine_threadsafe(serve(), loop).result(timeout=10)
-    yield bus_address
-    loop.call_soon_threadsafe(bus.disconnect)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(timeout=10)
-    loop.close()
+        with served_from_a_thread(serve):
+            yield address
 
 
 def test_a_unit_systemd_does_not_know_is_warned_about(

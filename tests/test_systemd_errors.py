@@ -10,15 +10,14 @@ method annotations at class creation.
 
 import asyncio
 import dataclasses
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from dbus_fast import DBusError
 from dbus_fast.aio import MessageBus
-from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
+from dbus_fast.service import ServiceInterface, method
+from fake_systemd import FakeService, FakeUnit, private_bus
 
 from vllm_supervisor.actions.actor import Actor
 from vllm_supervisor.actions.halt import Halter
@@ -38,23 +37,24 @@ from vllm_supervisor.model import (
 )
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={socket}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow send_destination="*" eavesdrop="true"/>
-    <allow eavesdrop="true"/>
-    <allow own="*"/>
+# RestartUnit is refused by the bus's policy: an access_denied from a real dbus-daemon.
+DENY_RESTART = """
     <deny send_destination="org.freedesktop.systemd1"
-          send_interface="org.freedesktop.systemd1.Manager" send_member="RestartUnit"/>
-  </policy>
-</busconfig>
-"""
+          send_interface="org.freedesktop.systemd1.Manager" send_member="RestartUnit"/>"""
 
 UNIT_PATH = "/org/freedesktop/systemd1/unit/vllm_2eservice"
+INVOCATION = bytes.fromhex("0123456789abcdef0123456789abcdef")
+
+
+def crashed_unit() -> FakeUnit:
+    """vllm.service as systemd shows it between a crash and its restart."""
+    return FakeUnit(active="activating", sub="auto-restart", invocation_id=INVOCATION)
+
+
+def crashed_service() -> FakeService:
+    """Its service: 3 automatic restarts, failed, a vllm serve command line."""
+    argv = ["/opt/vllm/bin/vllm", ["vllm", "serve", "m"], False, 0, 0, 0, 0, 0, 0, 0]
+    return FakeService(n_restarts=3, result="exit-code", exec_start=[argv])
 
 
 class FakeManager(ServiceInterface):
@@ -83,85 +83,21 @@ class FakeManager(ServiceInterface):
         return "/org/freedesktop/systemd1/job/43"
 
 
-class FakeUnit(ServiceInterface):
-    """org.freedesktop.systemd1.Unit properties."""
-
-    def __init__(self) -> None:
-        super().__init__("org.freedesktop.systemd1.Unit")
-        self.active = "activating"
-        self.sub = "auto-restart"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def ActiveState(self) -> "s":
-        return self.active
-
-    @dbus_property(access=PropertyAccess.READ)
-    def SubState(self) -> "s":
-        return self.sub
-
-    @dbus_property(access=PropertyAccess.READ)
-    def LoadState(self) -> "s":
-        return "loaded"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def InvocationID(self) -> "ay":
-        return bytes.fromhex("0123456789abcdef0123456789abcdef")
-
-
-class FakeService(ServiceInterface):
-    """org.freedesktop.systemd1.Service properties."""
-
-    def __init__(self) -> None:
-        super().__init__("org.freedesktop.systemd1.Service")
-
-    @dbus_property(access=PropertyAccess.READ)
-    def NRestarts(self) -> "u":
-        return 3
-
-    @dbus_property(access=PropertyAccess.READ)
-    def Result(self) -> "s":
-        return "exit-code"
-
-    @dbus_property(access=PropertyAccess.READ)
-    def MainPID(self) -> "u":
-        return 0
-
-    @dbus_property(access=PropertyAccess.READ)
-    def ExecStart(self) -> "a(sasbttttuii)":
-        return [["/opt/vllm/bin/vllm", ["vllm", "serve", "m"], False, 0, 0, 0, 0, 0, 0, 0]]
-
-
 @pytest.fixture
 def bus_address(tmp_path: Path) -> Iterator[str]:
     """A private dbus-daemon on a socket in a temp dir, stopped after the test."""
-    daemon = shutil.which("dbus-daemon")
-    assert daemon, "dbus-daemon is missing: install the Debian package dbus-daemon"
-    socket = tmp_path / "bus"
-    config = tmp_path / "bus.conf"
-    config.write_text(BUS_CONFIG.format(socket=socket))
-    proc = subprocess.Popen(
-        [daemon, f"--config-file={config}", "--nofork", "--print-address"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()  # printed once the socket listens
-        assert address.startswith("unix:"), f"dbus-daemon did not start: {address!r}"
+    with private_bus(tmp_path, deny=DENY_RESTART) as address:
         yield address
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
 async def fake_systemd(bus_address: str) -> AsyncIterator[tuple[FakeManager, FakeUnit]]:
     """A fake systemd owning org.freedesktop.systemd1 on the private bus."""
     bus = await MessageBus(bus_address=bus_address).connect()
-    manager, unit = FakeManager(), FakeUnit()
+    manager, unit = FakeManager(), crashed_unit()
     bus.export("/org/freedesktop/systemd1", manager)
     bus.export(UNIT_PATH, unit)
-    bus.export(UNIT_PATH, FakeService())
+    bus.export(UNIT_PATH, crashed_service())
     await bus.request_name("org.freedesktop.systemd1")
     yield manager, unit
     manager.hang.set()
