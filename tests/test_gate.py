@@ -55,6 +55,16 @@ class TestGate:
         assert code == EXIT_QUARANTINED
         assert "unreadable" in text
 
+    def test_a_record_that_is_not_utf8_fails_closed(self, dirs: tuple[Path, Path]) -> None:
+        """Bytes that are no text are a corrupt record, not a crash of the gate (which exited 2
+        through the command line's last net: found by the CLI property test)."""
+        q = Quarantine(dirs[0] / "quarantine")
+        q.write("vllm.service", {})
+        q.path("vllm.service").write_bytes(b"\x80")
+        code, text = gate("vllm.service", dirs)
+        assert code == EXIT_QUARANTINED
+        assert "unreadable" in text
+
     def test_a_directory_it_cannot_search_lets_the_start_through(
         self, dirs: tuple[Path, Path]
     ) -> None:

@@ -90,7 +90,9 @@ class Quarantine:
         callers still treat the unit as quarantined. Other OSErrors (e.g. EACCES) propagate.
         """
         try:
-            text = self.path(unit).read_text(encoding="utf-8")
+            # Undecodable bytes make invalid JSON, so a torn or foreign file is a corrupt
+            # record (quarantined), never an exception for the gate.
+            text = self.path(unit).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return None
         return _parse(unit, self.path(unit), text)
