@@ -3,16 +3,21 @@ other signature) wins, and a broken table is refused with a message naming file,
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from vllm_supervisor.classify.schema import WrittenFrom, parse_table_file
 from vllm_supervisor.classify.signatures import (
     DEFAULT_SIGNATURE_DIR,
     ENV_SIGNATURE_DIR,
     SignatureTable,
+    compile_pattern,
     load_signature_table,
 )
 from vllm_supervisor.errors import SignatureTableError
@@ -248,6 +253,67 @@ BAD_TABLES = [
         id="no-patterns",
     ),
     pytest.param(GOOD + GOOD, "signature 'good_one': id: duplicate", id="duplicate-in-file"),
+    pytest.param(
+        GOOD + 'written_from = "01-a.log"\n',
+        "signature 'good_one': written_from: must be a list, got str",
+        id="written-from-not-a-list",
+    ),
+    pytest.param(
+        GOOD + "written_from = []\n",
+        "signature 'good_one': written_from: must name at least one source",
+        id="written-from-empty",
+    ),
+    pytest.param(
+        GOOD + 'written_from = ["01-a.log"]\n',
+        "signature 'good_one': written_from[0]: must be a table { log = ... } or "
+        "{ upstream = ... }, got str",
+        id="written-from-item-not-a-table",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ log = "01-a.log" }, { file = "x" }]\n',
+        "signature 'good_one': written_from[1]: unknown key 'file' (allowed: log, upstream, url)",
+        id="written-from-unknown-key",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ log = "01-a.log", upstream = "https://x.org/1" }]\n',
+        "signature 'good_one': written_from[0]: names log or upstream, not both",
+        id="written-from-log-and-upstream",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ url = "https://x.org/1" }]\n',
+        "signature 'good_one': written_from[0]: names neither log (a corpus log) nor upstream",
+        id="written-from-neither",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ upstream = "https://x.org/1", url = "https://x.org/2" }]\n',
+        "signature 'good_one': written_from[0].url: only a log entry has a url",
+        id="written-from-upstream-with-url",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ log = "../corpus/01-a.log" }]\n',
+        "signature 'good_one': written_from[0].log: must be a corpus log's file name",
+        id="written-from-log-path",
+    ),
+    pytest.param(
+        GOOD + "written_from = [{ log = 1 }]\n",
+        "signature 'good_one': written_from[0].log: must be a str, got int",
+        id="written-from-log-not-str",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ upstream = "github.com/x/y/issues/1" }]\n',
+        "signature 'good_one': written_from[0].upstream: must be an http(s) URL",
+        id="written-from-upstream-not-a-url",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ log = "01-a.log", url = "https://x.org/1 and more" }]\n',
+        "signature 'good_one': written_from[0].url: must be an http(s) URL",
+        id="written-from-url-with-space",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ log = "01-a.log" }, { log = "01-a.log" }]\n',
+        "signature 'good_one': written_from[1]: the same source as written_from[0]",
+        id="written-from-duplicate",
+    ),
     pytest.param("[[signature]\n", "invalid TOML", id="bad-toml"),
     pytest.param("[meta]\nx = 1\n" + GOOD, "unknown top-level key", id="top-level-key"),
 ]
@@ -288,9 +354,74 @@ class TestValidation:
         assert match is not None
         assert match.captures == {"what": "stuff"}
 
+    def test_written_from_is_parsed(self, tmp_path: Path) -> None:
+        """Corpus logs (with their URL, when public) and upstream URLs come out in order."""
+        body = GOOD + (
+            "written_from = [\n"
+            '  { log = "02-oom.log", url = "https://github.com/o/r/issues/2" },\n'
+            '  { log = "201-real.log" },\n'
+            '  { upstream = "https://github.com/o/r/blob/main/x.py" },\n'
+            "]\n"
+        )
+        [spec] = parse_table_file(_write(tmp_path, "mine.toml", body), compile_pattern)
+        assert spec.written_from == (
+            WrittenFrom(log="02-oom.log", url="https://github.com/o/r/issues/2"),
+            WrittenFrom(log="201-real.log"),
+            WrittenFrom(upstream="https://github.com/o/r/blob/main/x.py"),
+        )
+        assert [w.log for w in spec.written_from] == ["02-oom.log", "201-real.log", None]
+
+    def test_written_from_is_optional(self, tmp_path: Path) -> None:
+        """A table of one's own need not say where each signature came from."""
+        [spec] = parse_table_file(_write(tmp_path, "mine.toml", GOOD), compile_pattern)
+        assert spec.written_from == ()
+
     def test_wrapper_may_omit_severity(self, tmp_path: Path) -> None:
         """A wrapper without severity loads as UNKNOWN severity."""
         body = '[[signature]]\nid = "w"\ntitle = "W"\nwrapper = true\npatterns = ["wrapped"]\n'
         table = load_signature_table([_write(tmp_path, "w.toml", body)])
         assert table.signatures[0].kind == "wrapper"
         assert table.signatures[0].severity is Severity.UNKNOWN
+
+
+_TOML_VALUES = st.recursive(
+    st.one_of(st.text(max_size=30), st.integers(), st.booleans()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["log", "url", "upstream", "x"]), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _toml(value: Any) -> str:
+    """A TOML inline value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):  # TOML takes JSON's escapes, but not its surrogate pairs
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=_TOML_VALUES)
+def test_any_written_from_loads_or_is_one_line_naming_the_field(tmp_path: Path, value: Any) -> None:
+    """Whatever `written_from` holds, the file loads with valid entries or is refused with one
+    line that names the file, the signature and the field."""
+    path = _write(tmp_path, "prop.toml", GOOD + f"written_from = {_toml(value)}\n")
+    try:
+        [spec] = parse_table_file(path, compile_pattern)
+    except SignatureTableError as exc:
+        message = str(exc)
+        assert "\n" not in message
+        assert message.startswith(f"{path}: signature 'good_one': written_from")
+        return
+    assert spec.written_from
+    for entry in spec.written_from:
+        assert (entry.log is None) != (entry.upstream is None)

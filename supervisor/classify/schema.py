@@ -34,12 +34,27 @@ _KEYS = {
     "frames": list,
     "startup_severity": str,
     "serving_severity": str,
+    "written_from": list,
 }
 _REQUIRED = ("id", "patterns", "title")
 _KINDS = ("cause", "noise")
 _SEVERITIES = {"fatal": Severity.FATAL, "transient": Severity.TRANSIENT}
 # A phase may also say "unknown": the line names the crash, not whether it repeats then.
 _PHASE_SEVERITIES = {**_SEVERITIES, "unknown": Severity.UNKNOWN}
+_SOURCE_KEYS = ("log", "upstream", "url")
+_LOG_NAME = re.compile(r"[\w.+-]+\.log\Z")
+_URL = re.compile(r"https?://[^\s/]+/?\S*\Z")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WrittenFrom:
+    """One source a signature was written from: a log of the crash corpus (tests/data/corpus,
+    by file name, with its public URL when it has one), or an upstream URL (an issue thread,
+    documentation or source code) when no corpus log holds the text it was written from."""
+
+    log: str | None = None
+    url: str | None = None
+    upstream: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +76,7 @@ class SignatureSpec:
     # (an OOM while loading with the same config every time, versus one under load).
     startup_severity: Severity | None = None
     serving_severity: Severity | None = None
+    written_from: tuple[WrittenFrom, ...] = ()
 
 
 class _Where:
@@ -177,7 +193,59 @@ def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec
         notes=raw.get("notes"),
         startup_severity=_phase_severity(raw, "startup_severity", kind, where),
         serving_severity=_phase_severity(raw, "serving_severity", kind, where),
+        written_from=_written_from(raw, where),
     )
+
+
+def _written_from(raw: dict[str, Any], where: _Where) -> tuple[WrittenFrom, ...]:
+    """The optional `written_from` list: `{ log = ..., url = ... }` or `{ upstream = ... }`."""
+    if "written_from" not in raw:
+        return ()
+    items = raw["written_from"]
+    if not items:
+        raise where.error("written_from", "must name at least one source")
+    entries: list[WrittenFrom] = []
+    for index, item in enumerate(items):
+        field_name = f"written_from[{index}]"
+        if not isinstance(item, dict):
+            kind = type(item).__name__
+            raise where.error(
+                field_name, f"must be a table {{ log = ... }} or {{ upstream = ... }}, got {kind}"
+            )
+        entry = _source_entry(item, field_name, where)
+        if entry in entries:
+            same = entries.index(entry)
+            raise where.error(field_name, f"the same source as written_from[{same}]")
+        entries.append(entry)
+    return tuple(entries)
+
+
+def _source_entry(item: dict[str, Any], field_name: str, where: _Where) -> WrittenFrom:
+    """One validated `written_from` entry."""
+    for key in item:
+        if key not in _SOURCE_KEYS:
+            allowed = ", ".join(_SOURCE_KEYS)
+            raise where.error(field_name, f"unknown key {key!r} (allowed: {allowed})")
+    for key, value in item.items():
+        if not isinstance(value, str):
+            raise where.error(f"{field_name}.{key}", f"must be a str, got {type(value).__name__}")
+    if "log" in item and "upstream" in item:
+        raise where.error(field_name, "names log or upstream, not both")
+    if "log" not in item and "upstream" not in item:
+        raise where.error(
+            field_name, "names neither log (a corpus log) nor upstream (a URL outside the corpus)"
+        )
+    if "upstream" in item and "url" in item:
+        raise where.error(f"{field_name}.url", "only a log entry has a url; upstream is the URL")
+    if "log" in item and not _LOG_NAME.match(item["log"]):
+        raise where.error(
+            f"{field_name}.log",
+            f"must be a corpus log's file name (NN-name.log), got {item['log']!r}",
+        )
+    for key in ("url", "upstream"):
+        if key in item and not _URL.match(item[key]):
+            raise where.error(f"{field_name}.{key}", f"must be an http(s) URL, got {item[key]!r}")
+    return WrittenFrom(log=item.get("log"), url=item.get("url"), upstream=item.get("upstream"))
 
 
 def _phase_severity(raw: dict[str, Any], key: str, kind: str, where: _Where) -> Severity | None:
