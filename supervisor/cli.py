@@ -21,6 +21,7 @@ from . import __version__
 from .config import (
     DEFAULT_RUNTIME_DIR,
     DEFAULT_STATE_DIR,
+    SUPERVISOR_UNIT,
     Config,
     load_config,
     parse_listen,
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--runtime-dir", type=Path)
         cmd.add_argument("--state-dir", type=Path)
         cmd.set_defaults(handler=handler)
+        if name == "gate":
+            cmd.add_argument(
+                "--supervisor-unit",
+                default=SUPERVISOR_UNIT,
+                help="the supervisor's own unit, waited for while systemd brings it back",
+            )
 
     status = sub.add_parser("status", help="what is halted, why, and is the supervisor healthy")
     status.add_argument("unit", nargs="*", help="these units (default: every configured one)")
@@ -378,6 +385,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
         state.state_dir,
         wait_s=config.gate.wait_s,
         defaults=(*named, *DEFAULT_DIRS),
+        supervisor_wait_s=config.gate.supervisor_restart_wait_s,
+        supervisor_unit=args.supervisor_unit,
     )
 
 

@@ -51,6 +51,9 @@ class Secret(str):
         return str.__str__(self)
 
 
+SUPERVISOR_UNIT = "vllm-supervisor.service"  # the daemon's own unit, as deploy/ installs it
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnitConfig:
     """One supervised unit and its own settings."""
@@ -171,6 +174,11 @@ class GateConfig:
     # How long a gate waits for the daemon to read and decide the unit's last run, then lets
     # the start go (with a line saying so). Keep it below the served unit's TimeoutStartSec=.
     wait_s: float = 30.0
+    # With no daemon to ask, how long a gate waits for one that systemd is bringing back (its
+    # restart, or its restart after a crash or the watchdog's kill: WatchdogSec=30s,
+    # RestartSec=2s). A stopped supervisor is not waited for. wait_s plus this stays below the
+    # default TimeoutStartSec= (90 s).
+    supervisor_restart_wait_s: float = 45.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -331,6 +339,7 @@ def validate(config: Config) -> Config:
     _positive("state.checkpoint_interval_s", config.state.checkpoint_interval_s)
     _positive("systemd.act_window_s", config.systemd.act_window_s)
     _positive("gate.wait_s", config.gate.wait_s)
+    _positive("gate.supervisor_restart_wait_s", config.gate.supervisor_restart_wait_s)
     for key in ("resend_s", "timeout_s", "backoff_max_s"):
         _positive(f"alertmanager.{key}", getattr(config.alertmanager, key))
     url = config.alertmanager.url

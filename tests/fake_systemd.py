@@ -85,10 +85,12 @@ class FakeUnit(ServiceInterface):
         sub: str = "running",
         load_state: str = "loaded",
         invocation_id: bytes = b"",
+        job: tuple[int, str] = (0, "/"),
     ) -> None:
         super().__init__("org.freedesktop.systemd1.Unit")
         self.active, self.sub, self.load_state = active, sub, load_state
         self.invocation_id = invocation_id
+        self.job = job  # (id, path); (0, "/") when no job is pending
 
     @dbus_property(access=PropertyAccess.READ)
     def ActiveState(self) -> "s":
@@ -105,6 +107,22 @@ class FakeUnit(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def InvocationID(self) -> "ay":
         return self.invocation_id
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Job(self) -> "(uo)":
+        return list(self.job)
+
+
+class FakeJob(ServiceInterface):
+    """org.freedesktop.systemd1.Job: the type of a pending job."""
+
+    def __init__(self, job_type: str) -> None:
+        super().__init__("org.freedesktop.systemd1.Job")
+        self.job_type = job_type
+
+    @dbus_property(access=PropertyAccess.READ)
+    def JobType(self) -> "s":
+        return self.job_type
 
 
 class FakeService(ServiceInterface):

@@ -161,6 +161,8 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float) -> Reply:
     except OSError as exc:
         return Reply(False, {}, f"cannot reach the supervisor at {path}: {exc.strerror}", 0.0)
     waited = time.monotonic() - started
+    if not data:
+        return Reply(False, {}, "the supervisor went away without answering", waited)
     try:
         answer = json.loads(data)
     except ValueError:

@@ -26,8 +26,15 @@ SYSTEMD_BUS_NAME: Final = "org.freedesktop.systemd1"
 MANAGER_PATH: Final = "/org/freedesktop/systemd1"
 MANAGER_IFACE: Final = "org.freedesktop.systemd1.Manager"
 UNIT_IFACE: Final = "org.freedesktop.systemd1.Unit"
+JOB_IFACE: Final = "org.freedesktop.systemd1.Job"
 SERVICE_IFACE: Final = "org.freedesktop.systemd1.Service"
 PROPS_IFACE: Final = "org.freedesktop.DBus.Properties"
+# The unit types that run processes as a user carry a UID property (read on systemd 252).
+_UID_IFACES: Final[Mapping[str, str]] = {
+    kind: f"org.freedesktop.systemd1.{kind.capitalize()}"
+    for kind in ("service", "socket", "mount", "swap")
+}
+_UID_INVALID: Final = 0xFFFFFFFF  # "[not set]"
 
 # D-Bus error names -> (reason label, retryable). Everything else is ("dbus_error", False).
 _ERROR_MAP: Final[Mapping[str, tuple[str, bool]]] = {
@@ -123,6 +130,20 @@ class SystemdClient:
             main_pid=int(service.get("MainPID", 0)),
         )
 
+    async def pending_job(self, unit: str) -> str:
+        """The type of the job systemd runs or queued for `unit` ("start", "restart", "stop",
+        ...), or "" when there is none."""
+        path = await self._unit_path(unit)
+        body = await self._call(path, PROPS_IFACE, "Get", "ss", [UNIT_IFACE, "Job"])
+        job_id, job_path = _unwrap({"Job": body[0]})["Job"]
+        if not job_id:
+            return ""
+        try:
+            body = await self._call(str(job_path), PROPS_IFACE, "Get", "ss", [JOB_IFACE, "JobType"])
+        except SystemdError:
+            return ""  # the job finished between the two calls
+        return str(_unwrap({"JobType": body[0]})["JobType"])
+
     async def exec_start(self, unit: str) -> list[str]:
         """The argv of the unit's first ExecStart= command (for environment drift checks)."""
         path = await self._unit_path(unit)
@@ -130,6 +151,18 @@ class SystemdClient:
         # ExecStart is a(sasbttttuii): (path, argv, ignore_failure, timestamps, pid, code, status).
         commands = service.get("ExecStart") or []
         return [str(arg) for arg in commands[0][1]] if commands else []
+
+    async def unit_uid(self, unit: str) -> int | None:
+        """The uid systemd runs `unit` as (its User=, resolved; a dynamic user's too), or None
+        when it set none (root's units, scopes). D-Bus carries the host's uid: the caller's
+        user namespace does not hide it."""
+        interface = _UID_IFACES.get(unit.rpartition(".")[2])
+        if interface is None:
+            return None
+        path = await self._unit_path(unit)
+        body = await self._call(path, PROPS_IFACE, "Get", "ss", [interface, "UID"])
+        uid = int(_unwrap({"UID": body[0]})["UID"])
+        return None if uid == _UID_INVALID else uid
 
     async def subscribe(self) -> None:
         """Ask systemd to announce unit changes on the bus (Manager.Subscribe: unprivileged)."""

@@ -10,27 +10,36 @@ that does not answer or a fault of its own let the start go, with one line that 
 
 Before it reads the records it waits for the running daemon to have decided the unit's last run
 (supervisor.actions.gatekeeper), bounded by `gate.wait_s`: at any `RestartSec=`, even 0, the
-start after a fatal crash is refused, not let through. With no daemon running it says so in
-one line and lets the start go: a missing supervisor must not take the server down.
+start after a fatal crash is refused, not let through. With no daemon running it asks systemd
+whether the supervisor's own unit is coming back (a restart, a crash or the watchdog's kill
+being restarted) and waits for it, bounded by `gate.supervisor_restart_wait_s`
+(supervisor.actions.comeback); else it says so in one line and lets the start go: a missing
+supervisor must not take the server down.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..actions.comeback import SupervisorUnit, ask_about, coming_back
 from ..actions.evidence import changed
 from ..actions.gatekeeper import Reply, ask, socket_path
 from ..actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
+from ..config import SUPERVISOR_UNIT
 
 EXIT_ALLOW = 0
 EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.service(5))
 
 
 RELEASE_NOTIFY_TIMEOUT_S = 2.0
+COMEBACK_POLL_S = 0.1  # how often a gate knocks while the supervisor comes back
+COMEBACK_LOOK_S = 1.0  # how often it asks systemd whether it still does
 
 
 def gate_main(
@@ -42,30 +51,48 @@ def gate_main(
     out: TextIO | None = None,
     defaults: Sequence[Path] = DEFAULT_DIRS,
     invocation_id: str | None = None,
+    supervisor_wait_s: float = 0.0,
+    supervisor_unit: str = SUPERVISOR_UNIT,
 ) -> int:
     """Exit status for ExecCondition: 1 while a record of `unit` exists (readable or not),
     else 0, whatever else goes wrong.
 
     `invocation_id` is the start's own (systemd sets $INVOCATION_ID for ExecCondition=).
+    `supervisor_wait_s` bounds the wait for a supervisor that systemd is bringing back.
     """
     stream = out if out is not None else sys.stderr
     refused = _check_records(unit, runtime_dir, state_dir, defaults, stream)
     if refused is not None:
         return refused
+    waiting = _Waiting(wait_s, supervisor_wait_s, lambda: ask_about(supervisor_unit))
     try:
         return _wait_then_check(
-            unit, runtime_dir, state_dir, wait_s, stream, defaults, invocation_id
+            unit, runtime_dir, state_dir, waiting, stream, defaults, invocation_id
         )
     except Exception as exc:  # the gate's own fault: never the reason a server stays down
         print(f"{unit}: start allowed: the gate failed ({exc!r}); please report it", file=stream)
         return _check_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
 
 
+class _Waiting:
+    """How long a gate waits, and how it learns whether the supervisor is coming back."""
+
+    def __init__(
+        self,
+        decision_s: float,
+        comeback_s: float,
+        about: Callable[[], SupervisorUnit | None],
+    ) -> None:
+        self.decision_s = decision_s
+        self.comeback_s = comeback_s
+        self.about = about
+
+
 def _wait_then_check(
     unit: str,
     runtime_dir: Path,
     state_dir: Path,
-    wait_s: float,
+    waiting: _Waiting,
     stream: TextIO,
     defaults: Sequence[Path],
     invocation_id: str | None,
@@ -74,11 +101,48 @@ def _wait_then_check(
     if invocation_id is None:
         invocation_id = os.environ.get("INVOCATION_ID") or None
     request = {"op": "gate", "unit": unit, "invocation_id": invocation_id}
-    reply = ask(socket_path(runtime_dir), request, timeout_s=wait_s + 1.0)
-    _say_how_it_waited(unit, reply, wait_s, stream)
+    path = socket_path(runtime_dir)
+    reply = ask(path, request, timeout_s=waiting.decision_s + 1.0)
+    if not reply.reached and waiting.comeback_s > 0:
+        reply = _wait_for_comeback(unit, path, request, reply, waiting, stream)
+    _say_how_it_waited(unit, reply, waiting.decision_s, stream)
     if not reply.reached:
         return EXIT_ALLOW
     return _check_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
+
+
+def _wait_for_comeback(
+    unit: str,
+    path: Path,
+    request: dict[str, Any],
+    reply: Reply,
+    waiting: _Waiting,
+    stream: TextIO,
+) -> Reply:
+    """While systemd brings the supervisor back, knock until it answers (bounded): a crash
+    that ended while it was away is then decided before this start, not after a few more."""
+    deadline = time.monotonic() + waiting.comeback_s
+    said = False
+    next_look = 0.0
+    while time.monotonic() < deadline:
+        if time.monotonic() >= next_look:
+            supervisor = waiting.about()
+            why = coming_back(supervisor) if supervisor is not None else None
+            if why is None:
+                return reply
+            if not said:
+                print(f"{unit}: waiting for the supervisor: {why}", file=stream)
+                said = True
+            next_look = time.monotonic() + COMEBACK_LOOK_S
+        time.sleep(COMEBACK_POLL_S)
+        left = deadline - time.monotonic()
+        reply = ask(path, request, timeout_s=max(0.1, min(waiting.decision_s + 1.0, left)))
+        if reply.reached:
+            return reply
+    return dataclasses.replace(
+        reply,
+        note=f"{reply.note}, and the supervisor was not back within {waiting.comeback_s:.0f} s",
+    )
 
 
 def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -> None:
