@@ -9,7 +9,9 @@ a real journal and read by `supervisor.commands.triage.collect`. The guard fails
 (b) a fatal-labelled loop listed in bench/decisions_baseline.json (the loops that halted on the
     first crash when it was written) no longer halts on its first crash.
 After an improvement, `python -m bench.decisions --write-baseline` records the new sets.
-Nothing here is timed.
+The blind measure (`--blind`, bench/decisions_blind.py) is checked for what it leaves out: every
+shipped signature names what it was written from, and a log's blind table lacks those
+signatures. Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.decisions import (
     BASELINE,
@@ -39,6 +43,20 @@ from bench.decisions import (
     score,
     select,
 )
+from bench.decisions_blind import (
+    near_duplicate_key,
+    removed_signatures,
+    signature_specs,
+    source_groups,
+    source_urls,
+    without,
+)
+from vllm_supervisor.classify.logline import annotate
+from vllm_supervisor.classify.schema import SignatureSpec, WrittenFrom
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.commands.triage import collect
+from vllm_supervisor.config import Config
+from vllm_supervisor.model import LogLine, Severity
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -277,3 +295,167 @@ def test_command_line(tmp_path: Path) -> None:
     assert (mine["engine"], mine["phase"]) == ("tgi", "load")
     assert len(mine["outcomes"]) == INVOCATIONS
     assert data["tables"]["overall"]["logs"] == len(files)
+
+
+SHIPPED = signature_specs()
+NAMED = [
+    pytest.param(spec.id, source.log, id=f"{spec.id}:{source.log}")
+    for spec in SHIPPED
+    for source in spec.written_from
+    if source.log
+]
+
+
+@pytest.fixture(scope="module", name="table")
+def _table() -> SignatureTable:
+    return load_signature_table()
+
+
+class TestShippedSources:
+    def test_every_signature_names_what_it_was_written_from(self) -> None:
+        """Each shipped signature names a corpus log, or an upstream URL (an issue thread,
+        documentation, source code) when no corpus log holds what it was written from."""
+        assert len(SHIPPED) == len(load_signature_table())
+        missing = [spec.id for spec in SHIPPED if not spec.written_from]
+        assert not missing, f"no written_from: {missing}"
+        for spec in SHIPPED:
+            for source in spec.written_from:
+                assert source.log or (source.upstream or "").startswith("https://"), spec.id
+
+    def test_its_source_url_is_among_them(self) -> None:
+        """The `source` URL a signature cites is one of the pages it was written from: a named
+        log's URL, or an upstream entry."""
+        for spec in SHIPPED:
+            pages = {s.url for s in spec.written_from} | {s.upstream for s in spec.written_from}
+            assert spec.source in pages, spec.id
+
+    def test_named_logs_are_corpus_logs_with_their_url(self) -> None:
+        """A named log is a file of tests/data/corpus, with the URL its INDEX.tsv row gives
+        (none for the logs recorded on this project's host)."""
+        urls = source_urls(CORPUS)
+        files = {log.file for log in read_index(CORPUS)}
+        for spec in SHIPPED:
+            for source in spec.written_from:
+                if source.log is None:
+                    continue
+                assert source.log in files, f"{spec.id}: {source.log} is not in the corpus"
+                public = urls[source.log] if urls[source.log].startswith("http") else None
+                assert source.url == public, f"{spec.id}: {source.log}"
+
+    @pytest.mark.parametrize(("signature_id", "file"), NAMED)
+    def test_a_named_log_is_matched_by_its_signature(
+        self, table: SignatureTable, signature_id: str, file: str
+    ) -> None:
+        """A signature was written from a log only if it matches a line of it (its prefix
+        stripped, frames not required) or triage of the log as text names it."""
+        signature = table.get(signature_id)
+        assert signature is not None
+        text = (CORPUS / file).read_text(encoding="utf-8", errors="replace")
+        lines = [
+            parsed.text for parsed in annotate([LogLine(text=t) for t in text.split("\n")]).lines
+        ]
+        if any(regex.search(line) for regex in signature.compiled for line in lines):
+            return
+        [outcome] = collect(str(CORPUS / file), config=Config(), table=table)
+        assert outcome.to_json()["verdict"]["signature"] == signature_id
+
+
+def _spec(sig_id: str, *sources: WrittenFrom) -> SignatureSpec:
+    return SignatureSpec(
+        id=sig_id,
+        title=sig_id,
+        severity=Severity.FATAL,
+        remediation=None,
+        priority=0,
+        source=None,
+        kind="cause",
+        domain="test",
+        patterns=("x",),
+        frames=(),
+        notes=None,
+        written_from=sources,
+    )
+
+
+class TestSourceGroups:
+    @pytest.mark.parametrize(
+        ("first", "second"),
+        [
+            (
+                "OSError: [Errno 98] Address already in use",
+                "OSError: [Errno 48] Address already in use",
+            ),
+            (
+                "ModuleNotFoundError: No module named 'vllm._C'",
+                "ModuleNotFoundError: No module named 'torchvision'",
+            ),
+            (
+                "FileNotFoundError: /models/llama-3/config.json not found",
+                "FileNotFoundError: /data/qwen/config.json not found",
+            ),
+            ('ValueError: unknown dtype "bfloat17"', 'ValueError: unknown dtype "fp9"'),
+            (
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                "OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+            ),
+        ],
+    )
+    def test_near_duplicates_share_a_key(self, first: str, second: str) -> None:
+        """The same message with other numbers, paths, versions or quoted text is one crash."""
+        assert near_duplicate_key(first) == near_duplicate_key(second)
+
+    @pytest.mark.parametrize(
+        ("first", "second"),
+        [
+            (
+                "OSError: [Errno 98] Address already in use",
+                "OSError: [Errno 28] No space left on device",
+            ),
+            ("ModuleNotFoundError: No module named 'x'", "ImportError: cannot import name 'x'"),
+        ],
+    )
+    def test_other_messages_do_not(self, first: str, second: str) -> None:
+        """Different wording is a different crash."""
+        assert near_duplicate_key(first) != near_duplicate_key(second)
+
+    @given(
+        head=st.text(alphabet=st.characters(exclude_characters="'\"`\n"), max_size=40),
+        first=st.text(alphabet=st.characters(exclude_characters="'\n"), max_size=20),
+        second=st.text(alphabet=st.characters(exclude_characters="'\n"), max_size=20),
+    )
+    def test_quoted_text_never_tells_two_lines_apart(
+        self, head: str, first: str, second: str
+    ) -> None:
+        """Whatever a line says, what it quotes after a space does not change its key."""
+        assert near_duplicate_key(f"{head} '{first}'") == near_duplicate_key(f"{head} '{second}'")
+
+    def test_groups_follow_urls_and_root_causes_transitively(self) -> None:
+        """a and b share a page, b and c a message: one source; d stands alone."""
+        a, b, c, d = (("corpus", name) for name in "abcd")
+        urls = {a: "https://x/1", b: "https://x/1", c: "https://x/2", d: "https://x/3"}
+        roots = {a: None, b: "KeyError: 'w1'", c: "KeyError: 'w2'", d: "KeyError(1)"}
+        groups = source_groups([a, b, c, d], urls, roots)
+        assert sorted(map(sorted, groups)) == [[a, b, c], [d]]
+
+    def test_removed_are_those_naming_the_group(self) -> None:
+        """A signature goes when it names a log of the group or one of the group's pages."""
+        specs = [
+            _spec("by_log", WrittenFrom(log="01-a.log", url="https://x/1")),
+            _spec("by_url", WrittenFrom(log="09-z.log", url="https://x/2/")),
+            _spec("by_upstream", WrittenFrom(upstream="https://x/2")),
+            _spec("kept", WrittenFrom(log="09-z.log"), WrittenFrom(upstream="https://y/9")),
+            _spec("unnamed"),
+        ]
+        removed = removed_signatures(specs, ["01-a.log"], ["https://x/2"])
+        assert removed == {"by_log", "by_url", "by_upstream"}
+
+    def test_a_reduced_table_keeps_the_rest_in_order(self) -> None:
+        """The blind table is the shipped one less the removed ids, ranks and order kept."""
+        table = load_signature_table()
+        reduced = without(table, frozenset({"flashinfer_cubin_mismatch", "port_in_use"}))
+        assert len(reduced) == len(table) - 2
+        assert reduced.get("flashinfer_cubin_mismatch") is None
+        kept = [
+            s for s in table.signatures if s.id not in {"flashinfer_cubin_mismatch", "port_in_use"}
+        ]
+        assert list(reduced.signatures) == kept
