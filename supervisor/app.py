@@ -112,7 +112,11 @@ async def _run(
         exec_start=control.exec_start if control else None,
         on_snapshot=metrics.environment_snapshot,
     )
-    ports = PortEvidence(config, machine_id=supervised_machine_id(config))
+    ports = PortEvidence(
+        config,
+        machine_id=supervised_machine_id(config),
+        unit_uid=control.unit_uid if control is not None else None,
+    )
     sinks: list[AlertmanagerSink] = []
     if config.alertmanager.url is not None:
         sinks.append(

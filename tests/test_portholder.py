@@ -2,16 +2,24 @@
 
 The holder is a Python child this test starts (killed by its PID); the crash is the real vLLM
 0.33 port-in-use log of the corpus (206), judged as the pipeline judges it. The parsers of
-/proc's texts take any input (hypothesis).
+/proc's texts and of sock_diag's answers take any input (hypothesis).
+
+The daemon's sandbox (`PrivateUsers=yes`) is a real user namespace here too: a reader in one
+that maps root only (`unshare --user --map-root-user`) sees a holder of uid 991 as 65534, and
+none of its open files, as the daemon does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import socket
+import struct
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -19,6 +27,7 @@ from corpus_judge import failed_invocation, invocation_of, judge, label_of
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from vllm_supervisor.actions.evidence import evidence_of
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.commands.preflight import Status, check_port
@@ -26,12 +35,24 @@ from vllm_supervisor.config import Config, UnitConfig
 from vllm_supervisor.decide.policy import RestartPolicy
 from vllm_supervisor.decide.port_evidence import PortEvidence, port_of
 from vllm_supervisor.environment.ports import (
+    HIDDEN_UID,
     Holder,
     holders,
+    listeners,
     parse_listeners,
     process_start,
+    uid_of_cgroup,
     unit_of_cgroup,
+    with_unit_uid,
 )
+from vllm_supervisor.environment.socket_cgroups import (
+    cgroup_path,
+    cgroup_pids,
+    listening_cgroups,
+    parse_dump,
+)
+from vllm_supervisor.environment.userns import IdMap, parse_uid_map
+from vllm_supervisor.errors import SystemdError
 from vllm_supervisor.model import (
     Action,
     Ending,
@@ -42,6 +63,11 @@ from vllm_supervisor.model import (
 )
 
 UNIT = "vllm.service"
+OVERFLOW_UID = 65534
+# The daemon's namespace under PrivateUsers=yes on systemd 252 (its /proc/self/uid_map):
+# root and its own user (993) mapped, nobody else.
+SANDBOX = IdMap(((0, 0, 1), (993, 993, 1)))
+HOST = IdMap()
 LISTENER = (
     "import socket, sys, time\n"
     "six = sys.argv[1] == '6'\n"
@@ -59,9 +85,12 @@ class Listening:
     port: int
 
 
-def _listen(family: str) -> Iterator[Listening]:
+def _listen(family: str, *, as_uid: int | None = None) -> Iterator[Listening]:
+    setpriv = ["setpriv", f"--reuid={as_uid}", f"--regid={as_uid}", "--clear-groups"]
     process = subprocess.Popen(
-        [sys.executable, "-c", LISTENER, family], stdout=subprocess.PIPE, text=True
+        [*(setpriv if as_uid is not None else []), sys.executable, "-c", LISTENER, family],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert process.stdout is not None
     port = int(process.stdout.readline())
@@ -76,6 +105,12 @@ def _listen(family: str) -> Iterator[Listening]:
 def listening() -> Iterator[Listening]:
     """A process of ours listening on a free loopback port (IPv6: /proc/net/tcp6)."""
     yield from _listen("6")
+
+
+@pytest.fixture
+def listening_as_991() -> Iterator[Listening]:
+    """The same, run as uid 991: another user than this test's (root)."""
+    yield from _listen("4", as_uid=991)
 
 
 @pytest.fixture
@@ -100,6 +135,18 @@ def _crash(
     return Outcome(
         invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
     )
+
+
+def _as_the_sandbox_sees_it(port: int) -> list[Holder]:
+    """The holders as the hardened daemon finds another user's: the uid hidden, the process
+    named by the cgroup its socket was opened in (here put in a unit, as systemd would)."""
+    return [
+        dataclasses.replace(
+            h, uid=None, user=None, pid=None, command=None, unit="blocker.service", pids=(h.pid,)
+        )
+        for h in holders(port)
+        if h.pid is not None
+    ]
 
 
 def _config(port: int, *, dry_run: bool = False) -> Config:
@@ -135,6 +182,163 @@ class TestHolders:
         result = check_port(listening4.port, lambda ids, captures: None)
         assert result.status is Status.FAILED
         assert f"by PID {listening4.process.pid} ({sys.executable} -c" in result.detail
+
+
+READER = (
+    "import json, sys\n"
+    "from vllm_supervisor.environment.ports import holders, listeners\n"
+    "port = int(sys.argv[1])\n"
+    "seen = [s.uid for s in listeners(port)]\n"
+    "found = [[h.uid, h.pid, h.describe()] for h in holders(port)]\n"
+    "print(json.dumps({'seen': seen, 'found': found}))\n"
+)
+
+
+class TestHiddenUsers:
+    """Another user's holder, read from a namespace that maps only some users (the daemon's
+    PrivateUsers=yes): its uid is hidden, never named 65534; what can be known is named."""
+
+    def test_a_holder_read_from_a_private_user_namespace_is_not_uid_65534(
+        self, listening_as_991: Listening
+    ) -> None:
+        """Before: `a process of uid 65534`. The kernel shows 65534 for every unmapped uid;
+        on this cgroup v1 host no cgroup names the holder either, so its uid is hidden."""
+        reader = ["unshare", "--user", "--map-root-user", sys.executable, "-c", READER]
+        out = subprocess.run(
+            [*reader, str(listening_as_991.port)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        answer = json.loads(out.stdout)
+        assert answer["seen"] == [OVERFLOW_UID]  # what the namespace shows: the reproduction
+        ((uid, pid, said),) = answer["found"]
+        assert (uid, pid) == (None, None)
+        assert said == f"a process ({HIDDEN_UID}; its PID is not visible to this daemon)"
+
+    def test_the_same_holder_read_from_the_host_is_named(self, listening_as_991: Listening) -> None:
+        (holder,) = holders(listening_as_991.port)
+        assert (holder.uid, holder.pid) == (991, listening_as_991.process.pid)
+        assert holder.owner().endswith("uid 991")
+        assert holder.describe().endswith(f"({holder.owner()})")
+
+    @pytest.mark.parametrize(
+        ("ids", "seen", "hidden"),
+        [
+            (SANDBOX, OVERFLOW_UID, True),  # someone the sandbox cannot name
+            (SANDBOX, 0, False),  # root is mapped
+            (SANDBOX, 993, False),  # so is the daemon's own user
+            (HOST, OVERFLOW_UID, False),  # on the host 65534 is the real nobody
+            (IdMap(((0, 0, 1), (OVERFLOW_UID, OVERFLOW_UID, 1))), OVERFLOW_UID, False),
+            (IdMap(((0, 0, 1),), overflow=65533), 65533, True),  # another overflowuid
+        ],
+    )
+    def test_which_uid_is_hidden(self, ids: IdMap, seen: int, hidden: bool) -> None:
+        assert ids.hides(seen) is hidden
+
+    def test_the_sandbox_uid_map(self) -> None:
+        """/proc/self/uid_map of the daemon under systemd 252's PrivateUsers=yes."""
+        text = "         0          0          1\n       993        993          1\n"
+        assert parse_uid_map(text) == SANDBOX.ranges
+        assert parse_uid_map("0 0 4294967295\n") == HOST.ranges
+        assert parse_uid_map("0 0\n") is None and parse_uid_map("") is None
+
+    @pytest.mark.parametrize(
+        ("uid", "ids", "named"),
+        [
+            (991, SANDBOX, 991),  # systemd's word fits: 991 is unmapped, it would show 65534
+            (0, SANDBOX, None),  # root would have shown as 0: the unit changed users
+            (993, SANDBOX, None),  # so would the daemon's own user
+            (None, SANDBOX, None),  # systemd set none
+            (991, HOST, None),  # a namespace that maps 991 hides nothing
+        ],
+    )
+    def test_the_units_uid_fills_a_hidden_one_only_where_it_fits(
+        self, uid: int | None, ids: IdMap, named: int | None
+    ) -> None:
+        hidden = Holder(port=8000, uid=None, inode=1, unit="blocker.service")
+        assert with_unit_uid(hidden, uid, ids).uid == named
+        visible = Holder(port=8000, uid=998, inode=1, unit="blocker.service")
+        assert with_unit_uid(visible, uid, ids) == visible
+
+    @pytest.mark.parametrize(
+        ("path", "uid"),
+        [
+            ("/user.slice/user-991.slice/session-3.scope", 991),
+            ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/x.service\n", 1000),
+            ("/system.slice/blocker.service", None),
+            ("/user.slice/user-.slice/x.scope", None),
+        ],
+    )
+    def test_uid_of_a_user_slice(self, path: str, uid: int | None) -> None:
+        assert uid_of_cgroup(path) == uid
+
+    def test_describe_names_what_is_known(self) -> None:
+        base = Holder(port=8000, uid=None, inode=1)
+        assert base.describe() == (
+            "a process (uid hidden by PrivateUsers=; its PID is not visible to this daemon)"
+        )
+        group = dataclasses.replace(base, unit="x.service", pids=tuple(range(10, 17)))
+        assert group.describe() == (
+            "a process of x.service (PIDs 10, 11, 12, 13, 14 and 2 more; "
+            "uid hidden by PrivateUsers=)"
+        )
+        one = dataclasses.replace(
+            base, uid=991, user="holder", pid=66, command="python3 -m http.server", unit="b.service"
+        )
+        assert (
+            one.describe() == "PID 66 (python3 -m http.server) of b.service (user holder, uid 991)"
+        )
+
+
+class TestSocketCgroups:
+    """The cgroup a socket was opened in, from sock_diag, and the cgroup's directory."""
+
+    def test_the_kernel_reports_the_listeners_cgroup(self, listening: Listening) -> None:
+        """The real sock_diag answer has the socket /proc/net/tcp6 lists, with a cgroup id."""
+        (listener,) = listeners(listening.port)
+        opened_in = listening_cgroups(listening.port)
+        assert set(opened_in) == {listener.inode}
+        assert opened_in[listener.inode] > 0
+
+    def test_a_cgroup_is_found_by_its_directorys_inode(self, tmp_path: Path) -> None:
+        """cgroup2's ids are its directories' inode numbers (checked on the nspawn container's
+        /sys/fs/cgroup/unified): the same walk finds a directory of any tree."""
+        unit = tmp_path / "system.slice" / "blocker.service"
+        unit.mkdir(parents=True)
+        (unit / "cgroup.procs").write_text("66\n67\n")
+        (tmp_path / "init.scope").mkdir()
+        assert cgroup_path(tmp_path, unit.stat().st_ino) == "/system.slice/blocker.service"
+        assert cgroup_pids(tmp_path, "/system.slice/blocker.service") == [66, 67]
+        assert cgroup_path(tmp_path, tmp_path.stat().st_ino) is None  # the root names nothing
+        assert cgroup_path(tmp_path, 1 << 62) is None
+        assert cgroup_pids(tmp_path, "/init.scope") == []
+
+    def test_a_sock_diag_answer(self) -> None:
+        """One inet_diag_msg for port 8000 (inode 31337, cgroup 4242), then the dump's end."""
+        message = (
+            struct.pack("=BBBB", socket.AF_INET, 10, 0, 0)
+            + struct.pack(">HH", 8000, 0)
+            + bytes(44)
+            + struct.pack("=IIIII", 0, 0, 128, OVERFLOW_UID, 31337)
+            + struct.pack("=HH", 12, 21)
+            + struct.pack("=Q", 4242)
+        )
+        data = struct.pack("=IHHII", 16 + len(message), 20, 2, 1, 0) + message
+        data += struct.pack("=IHHII", 20, 3, 2, 1, 0) + bytes(4)
+        ((found,), done) = parse_dump(data)
+        assert (found.port, found.inode, found.cgroup_id, done) == (8000, 31337, 4242, True)
+
+    @given(data=st.binary(max_size=300))
+    @example(data=struct.pack("=IHHII", 20, 2, 0, 1, 0) + struct.pack("=i", -13))
+    def test_any_sock_diag_bytes_parse_or_raise_oserror(self, data: bytes) -> None:
+        try:
+            found, _ = parse_dump(data)
+        except OSError:
+            return
+        for diag in found:
+            assert 0 <= diag.port < 65536 and diag.inode >= 0
 
 
 class TestPortEvidence:
@@ -178,6 +382,53 @@ class TestPortEvidence:
         assert (outcome.decision.action, outcome.decision.rule) == (Action.HALT, "port_held")
         assert "its PID is not visible to this daemon" in outcome.decision.reason
         assert outcome.verdict.confidence == "medium"
+
+    async def test_a_hidden_holder_is_named_by_its_unit_and_systemds_uid(
+        self, listening: Listening
+    ) -> None:
+        """Under PrivateUsers=yes the socket's cgroup names the unit and its processes, and
+        systemd (D-Bus) the uid it runs that unit as: the reason names them, not uid 65534.
+        The record keeps the port for the gate's re-check, though the log line has none."""
+        seen: list[str] = []
+
+        async def systemd_says(unit: str) -> int | None:
+            seen.append(unit)
+            return 991
+
+        hook = PortEvidence(
+            _config(listening.port),
+            find=_as_the_sandbox_sees_it,
+            unit_uid=systemd_says,
+            ids=SANDBOX,
+        )
+        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        assert (outcome.decision.action, outcome.decision.rule) == (Action.HALT, "port_held")
+        assert seen == ["blocker.service"]
+        named = f"a process of blocker.service (PIDs {listening.process.pid}; uid 991)"
+        assert f"port {listening.port} is held by {named}" in outcome.decision.reason
+        assert str(OVERFLOW_UID) not in outcome.decision.reason
+        assert evidence_of(outcome) == {"kind": "port_held", "port": listening.port}
+
+    async def test_a_uid_systemd_cannot_tell_is_said_to_be_hidden(
+        self, listening: Listening
+    ) -> None:
+        """No answer over D-Bus: the halt stands on the socket, the uid is hidden, not 65534."""
+
+        async def systemd_fails(unit: str) -> int | None:
+            raise SystemdError("GetUnit: no answer in time", reason="timeout", retryable=True)
+
+        hook = PortEvidence(
+            _config(listening.port),
+            find=_as_the_sandbox_sees_it,
+            unit_uid=systemd_fails,
+            ids=SANDBOX,
+        )
+        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        assert outcome.decision.action is Action.HALT
+        assert f"blocker.service (PIDs {listening.process.pid}; {HIDDEN_UID})" in (
+            outcome.decision.reason
+        )
+        assert str(OVERFLOW_UID) not in " ".join((outcome.decision.reason, *outcome.verdict.notes))
 
     async def test_a_free_port_and_a_late_crash_change_nothing(self, listening: Listening) -> None:
         """No holder now: a restart can bind (noted). A crash read late: history, untouched."""
@@ -264,6 +515,28 @@ class TestParsers:
         assert start is None or isinstance(start, float)
         port = port_of({"port": text}, text, None)
         assert port is None or 0 < port < 65536
+        ranges = parse_uid_map(text)
+        assert ranges is None or all(n >= 0 for r in ranges for n in r)
+        uid = uid_of_cgroup(text)
+        assert uid is None or (uid >= 0 and "/user-" in text)
+
+    @given(
+        ranges=st.lists(
+            st.tuples(st.integers(0, 70000), st.integers(0, 70000), st.integers(0, 3000)),
+            max_size=4,
+        ),
+        seen=st.integers(0, 70000),
+        overflow=st.sampled_from([OVERFLOW_UID, 65533]),
+    )
+    @example(ranges=[(0, 0, 1), (993, 993, 1)], seen=OVERFLOW_UID, overflow=OVERFLOW_UID)
+    def test_only_the_unmapped_overflow_uid_is_hidden(
+        self, ranges: list[tuple[int, int, int]], seen: int, overflow: int
+    ) -> None:
+        """A uid map as any text could give it: hidden means the overflow uid, unmapped."""
+        text = "".join(f"{a} {b} {c}\n" for a, b, c in ranges)
+        ids = IdMap(parse_uid_map(text) or HOST.ranges, overflow)
+        inside = any(a <= seen < a + c for a, _, c in ids.ranges)
+        assert ids.hides(seen) is (seen == overflow and not inside)
 
 
 class TestPortEvidenceLeavesOthersAlone:

@@ -18,8 +18,12 @@ error itself (not a warning, not a line logged long before) and that never logge
 is judged so; the holder today says nothing of a crash read from yesterday's journal.
 
 Under the shipped hardened unit (its own user, PrivateUsers=yes) a holder of another user has
-no visible PID: the socket's identity is the evidence, and a leftover of the unit's own
-previous run (KillMode=process) counts as a holder that outlived a restart, which it did.
+no visible PID and its uid shows as 65534, which is nobody's: the holder is named by the cgroup
+its socket was opened in (its unit and that unit's processes, supervisor.environment.ports)
+and by the uid systemd runs that unit as (`unit_uid`, over D-Bus); what stays unknown is said
+to be hidden, never 65534. Where even the cgroup says nothing (a cgroup v1 host), the socket's
+identity is the evidence, and a leftover of the unit's own previous run (KillMode=process)
+counts as a holder that outlived a restart, which it did.
 `halt_inferred = false` turns the halt into a note.
 """
 
@@ -30,12 +34,14 @@ import dataclasses
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
 from ..config import Config
-from ..environment.ports import Holder, Listener, holders, listeners
+from ..environment.ports import Holder, Listener, holders, listeners, with_unit_uid
+from ..environment.userns import IdMap, own_id_map
+from ..errors import SystemdError
 from ..model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
 from .policy import halt_on_evidence
 
@@ -50,6 +56,8 @@ _PORT_IN_TEXT = (
 )
 Holders = Callable[[int], list[Holder]]
 Listeners = Callable[[int], list[Listener]]
+UnitUid = Callable[[str], Awaitable[int | None]]  # the uid systemd runs a unit as (None: unset)
+_UNIT_UID_TIMEOUT_S = 2.0  # the gates wait on this decision
 _STARTING: str = LifecycleEvent.STARTING.value  # read per entry: not the enum's property
 _LIVE_S = 5.0  # a start read later than this: the socket table now says nothing of then
 _STARTS_KEPT = 64
@@ -81,10 +89,14 @@ class PortEvidence:
         find_listeners: Listeners = listeners,
         clock: Callable[[], float] = time.time,
         machine_id: str | None = None,
+        unit_uid: UnitUid | None = None,
+        ids: IdMap | None = None,
     ) -> None:
         self.config = config
         self._machine_id = machine_id  # the host whose /proc this is
         self._find = find
+        self._unit_uid = unit_uid
+        self._ids = ids if ids is not None else own_id_map()
         self._clock = clock
         self._find_listeners = find_listeners
         self._held: dict[str, set[int]] = {}  # per unit: the sockets that held its port
@@ -131,6 +143,7 @@ class PortEvidence:
         except OSError as exc:
             log.warning("port_holder_lookup_failed", unit=inv.unit, port=port, error=str(exc))
             return outcome
+        found = [await self._uid_from_systemd(h) for h in found]
         before = self._held.get(inv.unit, set()) | self._at_start.pop(
             (inv.unit, inv.invocation_id or ""), set()
         )
@@ -168,8 +181,24 @@ class PortEvidence:
             confidence="high" if older else "medium",
             severity_reason=reason,
             notes=(*verdict.notes, f"port {port} held by {named}"),
+            # The port a log line may not name (`Address already in use`) is the one the
+            # quarantine record keeps for the gate's re-check (supervisor.actions.evidence).
+            captures={**verdict.captures, "port": str(port)},
         )
         return dataclasses.replace(outcome, verdict=held, decision=decision)
+
+    async def _uid_from_systemd(self, holder: Holder) -> Holder:
+        """The holder with its unit's uid where the namespace hides the socket's (systemd's
+        word over D-Bus, not namespaced); unchanged when systemd cannot say."""
+        if holder.uid is not None or holder.unit is None or self._unit_uid is None:
+            return holder
+        try:
+            async with asyncio.timeout(_UNIT_UID_TIMEOUT_S):
+                uid = await self._unit_uid(holder.unit)
+        except (SystemdError, OSError, TimeoutError) as exc:
+            log.info("port_holder_uid_unknown", unit=holder.unit, error=str(exc))
+            return holder
+        return await asyncio.to_thread(with_unit_uid, holder, uid, self._ids)
 
     def _judged_here(self, outcome: Outcome) -> bool:
         """A port-in-use crash of a start on this host that just ended, which the policy would
