@@ -16,7 +16,10 @@ many seconds of serving, 1800 by default), `--only PATTERN` (substring or glob o
 (repeatable: another signature table, e.g. an older one, to tell what the table knows from what
 the rest infers), `--write-baseline` (the fatal logs that halt on the first crash and the
 transient ones halted by repetition, for tests/test_bench_decisions.py),
-`--reader auto|native|journalctl`.
+`--reader auto|native|journalctl`, `--blind` (each log scored with a table that lacks the
+signatures written from its own source and its near duplicates: bench/decisions_blind.py; the
+text report then puts blind and seen side by side), `--format json` (only the headline counts,
+for "all" and per engine, on stdout).
 """
 
 from __future__ import annotations
@@ -33,13 +36,23 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.crashloop import LoopTiming, write_crash_loop
+from bench.decisions_blind import (
+    SourceGroup,
+    figures,
+    plain_root_cause,
+    plan,
+    side_by_side,
+    signature_specs,
+    source_urls,
+    without,
+)
 from bench.decisions_report import render, tally_all
 from vllm_supervisor.classify.signatures import SignatureTable
 from vllm_supervisor.classify.table import load_table
@@ -138,24 +151,34 @@ def journal_lines(text: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-_TABLES: dict[tuple[Path, ...], SignatureTable] = {}
+_TABLES: dict[tuple[tuple[Path, ...], frozenset[str]], SignatureTable] = {}
+NOTHING: frozenset[str] = frozenset()
 
 
-def _config_and_table(reader: str, signatures: tuple[Path, ...]) -> tuple[Config, SignatureTable]:
+def _config_and_table(
+    reader: str, signatures: tuple[Path, ...], removed: frozenset[str] = NOTHING
+) -> tuple[Config, SignatureTable]:
     config = Config(
         units=(UnitConfig(name=UNIT),),
         journal=JournalConfig(reader=reader),
         signatures=SignaturesConfig(paths=signatures),
     )
-    if signatures not in _TABLES:  # one table per worker process, loaded on first use
-        _TABLES[signatures] = load_table(config)
-    return config, _TABLES[signatures]
+    if (signatures, NOTHING) not in _TABLES:  # one table per worker process, loaded on first use
+        _TABLES[signatures, NOTHING] = load_table(config)
+    if (signatures, removed) not in _TABLES:  # and one per blind source group it replays
+        _TABLES[signatures, removed] = without(_TABLES[signatures, NOTHING], removed)
+    return config, _TABLES[signatures, removed]
 
 
 def replay(
-    log: LabelledLog, workdir: Path, reader: str = "auto", signatures: tuple[Path, ...] = ()
+    log: LabelledLog,
+    workdir: Path,
+    reader: str = "auto",
+    signatures: tuple[Path, ...] = (),
+    removed: frozenset[str] = NOTHING,
 ) -> LogRun:
-    """Write the log's crash loop into a fresh journal and run it through the Pipeline."""
+    """Write the log's crash loop into a fresh journal and run it through the Pipeline, with
+    the table less the `removed` signatures."""
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix="loop-", dir=workdir))
     ids: tuple[str, ...] = ()
@@ -166,7 +189,7 @@ def replay(
         ids = write_crash_loop(
             directory, UNIT, lines, name=name, invocations=INVOCATIONS, timing=timing
         ).invocation_ids
-        config, table = _config_and_table(reader, signatures)
+        config, table = _config_and_table(reader, signatures, removed)
         outcomes = tuple(o.to_json() for o in collect(str(directory), config=config, table=table))
     except Exception:  # reported with its traceback, never hidden: see LogRun.error
         return LogRun(
@@ -282,14 +305,49 @@ def run_all(
     jobs: int,
     reader: str = "auto",
     signatures: tuple[Path, ...] = (),
+    blind: Mapping[LabelledLog, SourceGroup] | None = None,
 ) -> list[LogRun]:
-    """Replay every log; `jobs` worker processes share the work."""
+    """Replay every log; `jobs` worker processes share the work. With `blind`, each log's table
+    lacks its source group's signatures."""
+    removed = [blind[log].removed if blind else NOTHING for log in logs]
     with tempfile.TemporaryDirectory(prefix="vllm-supervisor-decisions-") as tmp:
         work = functools.partial(replay, workdir=Path(tmp), reader=reader, signatures=signatures)
         if jobs <= 1 or len(logs) <= 1:
-            return [work(log) for log in logs]
+            return [work(log, removed=r) for log, r in zip(logs, removed, strict=True)]
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(work, logs))
+            return list(pool.map(_replay_without, [work] * len(logs), logs, removed))
+
+
+def _replay_without(
+    work: functools.partial[LogRun], log: LabelledLog, removed: frozenset[str]
+) -> LogRun:
+    return work(log, removed=removed)
+
+
+def blind_groups(
+    logs: Sequence[LabelledLog], *, reader: str = "auto", signatures: tuple[Path, ...] = ()
+) -> dict[LabelledLog, SourceGroup]:
+    """Every log's source group (its source URL and near duplicates among `logs`) and the
+    signatures written from it, which its blind replay goes without."""
+    config, table = _config_and_table(reader, signatures)
+    urls = {
+        (corpus, file): url
+        for corpus in sorted({log.corpus for log in logs})
+        for file, url in source_urls(Path(corpus)).items()
+    }
+    keys = [(log.corpus, log.file) for log in logs]
+    roots = {
+        key: plain_root_cause(log.path, config=config, table=table)
+        for key, log in zip(keys, logs, strict=True)
+    }
+    groups = plan(
+        keys,
+        specs=signature_specs(signatures),
+        default_corpus=str(CORPUS),
+        urls=urls,
+        root_causes=roots,
+    )
+    return {log: groups[key] for key, log in zip(keys, logs, strict=True)}
 
 
 def baseline_files(runs: Iterable[LogRun], scores: Sequence[Score]) -> list[str]:
@@ -319,8 +377,17 @@ def report_json(
     seconds: float,
     argv: Sequence[str],
     reader: str,
+    blind: Mapping[LabelledLog, SourceGroup] | None = None,
 ) -> dict[str, Any]:
-    """Everything the run found, as one JSON object."""
+    """Everything the run found, as one JSON object (a blind run adds each log's group)."""
+    extra = (
+        (lambda log: {})
+        if blind is None
+        else lambda log: {
+            "blind_removed": sorted(blind[log].removed),
+            "blind_group": sorted(file for _, file in blind[log].logs),
+        }
+    )
     return {
         "command": ["python", "-m", "bench.decisions", *argv],
         "reader": reader,
@@ -336,6 +403,7 @@ def report_json(
                 "outcomes": list(run.outcomes),
                 "error": run.error,
                 "seconds": round(run.seconds, 3),
+                **extra(run.log),
             }
             for run, s in zip(runs, scores, strict=True)
         ],
@@ -364,8 +432,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a signature table (TOML file or directory) instead of the shipped one",
     )
     parser.add_argument("--write-baseline", action="store_true", help=f"write {BASELINE.name}")
+    parser.add_argument(
+        "--blind",
+        action="store_true",
+        help="each log without the signatures written from its source or its near duplicates",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="json: only the headline counts, for all logs and per engine",
+    )
     args = parser.parse_args(argv)
-    if args.write_baseline and (args.only or args.signatures or args.corpus):
+    if args.write_baseline and (args.only or args.signatures or args.corpus or args.blind):
         parser.error("--write-baseline is for the shipped table on tests/data/corpus alone")
     return args
 
@@ -374,21 +453,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the bench; 1 when the pipeline raised on some log, else 0."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    logs = [log for d in (CORPUS, *args.corpus) for log in read_index(d.resolve())]
-    logs = select(logs, args.only)
+    corpus = [log for d in (CORPUS, *args.corpus) for log in read_index(d.resolve())]
+    logs = select(corpus, args.only)
     if not logs:
         raise SystemExit(f"no labelled log matches {args.only!r}")
     started = time.perf_counter()
     signatures = tuple(p.resolve() for p in args.signatures)
-    runs = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures)
+    # The groups span every labelled log, so `--only` keeps a log's near duplicates out too.
+    blind = blind_groups(corpus, reader=args.reader, signatures=signatures) if args.blind else None
+    if blind is not None and not any(group.removed for group in blind.values()):
+        print(
+            "--blind: no signature names a source here (written_from): blind = seen",
+            file=sys.stderr,
+        )
+    runs = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures, blind=blind)
     seconds = time.perf_counter() - started
     scores = [score(run) for run in runs]
-    print(render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader))
+    notes = sys.stderr if args.format == "json" else sys.stdout
+    if args.format == "json":
+        print(json.dumps(figures(tally_all(runs, scores)), indent=2))
+    else:
+        if blind is not None:
+            print("BLIND: every log below was replayed without the signatures written from it")
+        print(render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader))
+    if blind is not None and args.format == "text":
+        seen = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures)
+        print(_blind_summary(logs, blind, tally_all(runs, scores), seen))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        data = report_json(runs, scores, seconds=seconds, argv=argv, reader=args.reader)
+        data = report_json(
+            runs, scores, seconds=seconds, argv=argv, reader=args.reader, blind=blind
+        )
         args.json.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}", file=notes)
     if args.write_baseline:
         files = baseline_files(runs, scores)
         payload = {
@@ -401,6 +498,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         BASELINE.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {BASELINE.relative_to(REPO)} ({len(files)} files)")
     return 1 if any(run.error for run in runs) else 0
+
+
+def _blind_summary(
+    logs: Sequence[LabelledLog],
+    blind: Mapping[LabelledLog, SourceGroup],
+    tallies: Mapping[str, Any],
+    seen: Sequence[LogRun],
+) -> str:
+    """What the blind tables lacked, then blind and seen side by side."""
+    groups = {blind[log] for log in logs}
+    lacking = sum(bool(blind[log].removed) for log in logs)
+    average = sum(len(blind[log].removed) for log in logs) / max(len(logs), 1)
+    return "\n".join(
+        [
+            "",
+            f"BLIND: each log replayed without the signatures written from its source group: "
+            f"{len(logs)} logs in {len(groups)} source groups, {lacking} of them without at "
+            f"least one signature ({average:.1f} on average). Blind / seen (the whole table):",
+            "",
+            side_by_side(tallies, tally_all(seen, [score(run) for run in seen])),
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from bench.decisions import (
     LabelledLog,
     LogRun,
     Score,
+    blind_groups,
     infer_engine,
     journal_lines,
     read_index,
@@ -44,6 +45,9 @@ from bench.decisions import (
     select,
 )
 from bench.decisions_blind import (
+    JSON_KEYS,
+    SourceGroup,
+    figures,
     near_duplicate_key,
     removed_signatures,
     signature_specs,
@@ -51,6 +55,7 @@ from bench.decisions_blind import (
     source_urls,
     without,
 )
+from bench.decisions_report import tally_all
 from vllm_supervisor.classify.logline import annotate
 from vllm_supervisor.classify.schema import SignatureSpec, WrittenFrom
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
@@ -304,6 +309,18 @@ NAMED = [
     for source in spec.written_from
     if source.log
 ]
+ENGINE_ROWS = {"all", "vllm", "sglang", "tgi", "other"}
+
+
+def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.decisions", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.fixture(scope="module", name="table")
@@ -459,3 +476,97 @@ class TestSourceGroups:
             s for s in table.signatures if s.id not in {"flashinfer_cubin_mismatch", "port_in_use"}
         ]
         assert list(reduced.signatures) == kept
+
+
+@pytest.fixture(scope="module", name="groups")
+def _groups() -> dict[LabelledLog, SourceGroup]:
+    return blind_groups(read_index(CORPUS))
+
+
+def _log(prefix: str) -> LabelledLog:
+    return next(log for log in read_index(CORPUS) if log.file.startswith(prefix))
+
+
+@needs_journal
+class TestBlind:
+    def test_a_log_loses_the_signature_written_from_it(
+        self, groups: dict[LabelledLog, SourceGroup], corpus_runs: list[tuple[LogRun, Score]]
+    ) -> None:
+        """Corpus 01 (flashinfer-cubin) is classified by flashinfer_cubin_mismatch alone, which
+        was written from it: seen, that signature halts the loop at once; blind, it is gone."""
+        log = _log("01-")
+        assert "flashinfer_cubin_mismatch" in groups[log].removed
+        seen = next(s for run, s in corpus_runs if run.log == log)
+        assert (seen.verdict_signature, seen.halted_first) == ("flashinfer_cubin_mismatch", True)
+        [run] = run_all([log], jobs=1, blind=groups)
+        blind = score(run)
+        assert not blind.problems
+        assert blind.verdict_signature != "flashinfer_cubin_mismatch"
+
+    def test_near_duplicates_go_together(self, groups: dict[LabelledLog, SourceGroup]) -> None:
+        """Corpus 08 and 319 print the same KV-cache error: both go without the signature
+        written from 08; 22, 206 and 307 (one issue, one message) without port_in_use."""
+        assert groups[_log("08-")] is groups[_log("319-")]
+        assert "kv_cache_insufficient" in groups[_log("319-")].removed
+        assert "port_in_use" in groups[_log("206-")].removed
+
+    def test_no_removal_is_the_seen_run(self, corpus_runs: list[tuple[LogRun, Score]]) -> None:
+        """The seen run is a blind run that removes nothing: the same decisions and verdicts."""
+        logs = [_log(p) for p in ("01-", "22-", "13-")]
+        nothing = {
+            log: SourceGroup(logs=frozenset(), urls=frozenset(), removed=frozenset())
+            for log in logs
+        }
+        seen = {run.log: (run, s) for run, s in corpus_runs}
+        for run in run_all(logs, jobs=1, blind=nothing):
+            assert run.outcomes == seen[run.log][0].outcomes
+            assert score(run) == seen[run.log][1]
+
+    def test_seen_json_counts_the_seen_table(self, corpus_runs: list[tuple[LogRun, Score]]) -> None:
+        """`--format json` holds the text table's counts, under "all" and per engine."""
+        runs, scores = [r for r, _ in corpus_runs], [s for _, s in corpus_runs]
+        tallies = tally_all(runs, scores)
+        counts = figures(tallies)
+        assert set(counts) == ENGINE_ROWS
+        overall = tallies["overall"]
+        assert counts["all"] == {
+            "fatal": overall.fatal,
+            "fatal_first_crash": overall.fatal_halted_first,
+            "restarts_wasted": overall.restarts_wasted,
+            "transient": overall.transient,
+            "transient_halted": overall.transient_halted,
+            "root_cause_right": overall.root_ok,
+            "logs": len(corpus_runs),
+        }
+        assert sum(counts[e]["logs"] for e in ENGINE_ROWS - {"all"}) == len(corpus_runs)
+
+    def test_command_line_json(self) -> None:
+        """`--blind --format json` prints only the counts, with the exact keys, for "all" and
+        every engine; the seen run of the same log halts where the blind one does not."""
+        blind, seen = (
+            _bench("--blind", "--only", "01-*", "--format", "json"),
+            _bench("--only", "01-*", "--format", "json"),
+        )
+        assert blind.returncode == 0, blind.stderr
+        assert seen.returncode == 0, seen.stderr
+        counts, seen_counts = json.loads(blind.stdout), json.loads(seen.stdout)
+        for data in (counts, seen_counts):
+            assert set(data) == ENGINE_ROWS
+            for row in data.values():
+                assert tuple(row) == JSON_KEYS
+                assert all(type(v) is int for v in row.values())
+        assert counts["all"]["logs"] == counts["vllm"]["logs"] == 1
+        assert (seen_counts["all"]["fatal_first_crash"], counts["all"]["fatal_first_crash"]) == (
+            1,
+            0,
+        )
+
+
+@needs_journal
+def test_command_line_blind_text() -> None:
+    """`--blind` says it is blind and ends with blind and seen side by side."""
+    result = _bench("--blind", "--only", "01-*", "--jobs", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("BLIND:")
+    side_by_side = result.stdout.split("Blind / seen")[1]
+    assert "| **all** | 1 | 0 / 1 of 1 | 2 / 0 |" in side_by_side
