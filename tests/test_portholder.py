@@ -12,6 +12,7 @@ none of its open files, as the daemon does.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import socket
 import struct
@@ -27,9 +28,11 @@ from corpus_judge import failed_invocation, invocation_of, judge, label_of
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from vllm_supervisor.actions.evidence import evidence_of
+from vllm_supervisor.actions.evidence import evidence_of, still_holds
+from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
+from vllm_supervisor.commands.gate import EXIT_QUARANTINED, gate_main
 from vllm_supervisor.commands.preflight import Status, check_port
 from vllm_supervisor.config import Config, UnitConfig
 from vllm_supervisor.decide.policy import RestartPolicy
@@ -290,6 +293,35 @@ class TestHiddenUsers:
         assert (
             one.describe() == "PID 66 (python3 -m http.server) of b.service (user holder, uid 991)"
         )
+
+
+class TestGate:
+    def test_a_refused_start_names_who_holds_the_port_now(
+        self, tmp_path: Path, listening_as_991: Listening
+    ) -> None:
+        """The gate runs as root (ExecCondition=+): where the daemon's record could only say
+        the uid was hidden, the gate's refusal names the holder's PID and uid."""
+        port, pid = listening_as_991.port, listening_as_991.process.pid
+        record = {
+            "reason": f"fatal: port {port} is held by a process ({HIDDEN_UID}; its PID is not "
+            "visible to this daemon), which was there before this start",
+            "evidence": {"kind": "port_held", "port": port},
+        }
+        Quarantine(tmp_path / "run" / "quarantine").write(UNIT, record)
+        out = io.StringIO()
+        code = gate_main(
+            UNIT, tmp_path / "run", tmp_path / "state", wait_s=1.0, out=out, defaults=()
+        )
+        assert code == EXIT_QUARANTINED
+        lines = out.getvalue().splitlines()
+        assert lines[0].startswith(f"{UNIT}: start refused, quarantined: ")
+        assert lines[1].startswith(f"{UNIT}: port {port} is still held by PID {pid} (")
+        assert lines[1].endswith("uid 991)")
+
+    def test_no_holder_line_for_other_evidence(self) -> None:
+        assert still_holds({"evidence": {"kind": "missing_path", "path": "/x"}}) is None
+        assert still_holds({"evidence": {"kind": "port_held", "port": "8000"}}) is None
+        assert still_holds({}) is None
 
 
 class TestSocketCgroups:

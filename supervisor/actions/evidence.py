@@ -5,6 +5,8 @@ during a restart is free a minute later, and a model on a network mount that was
 at boot appears 20 s on. The record keeps that evidence; the gate asks `changed` before it
 refuses a start (a stat or one read of /proc/net: well under 50 ms) and lets the start through
 once the cause is gone. Evidence that cannot be checked keeps the halt: only a record says no.
+While a halt's port is still held, the gate names the holder as root sees it (`still_holds`):
+the daemon, under PrivateUsers=, may have found its uid and PID hidden.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 from typing import Any
 
 from ..decide.port_evidence import port_of
-from ..environment.ports import listeners
+from ..environment.ports import holders, listeners
 from ..model import Outcome, Rule
 
 EVIDENCE_KEY = "evidence"
@@ -53,3 +55,21 @@ def changed(record: dict[str, Any]) -> str | None:
         if isinstance(path, str) and path.startswith("/") and os.path.exists(path):  # noqa: PTH110
             return f"{path} exists now"
     return None
+
+
+def still_holds(record: dict[str, Any]) -> str | None:
+    """Who holds a port_held halt's port now, in words, or None. The gate runs as root and
+    sees every holder's PID and uid, which the daemon's namespace (PrivateUsers=) may hide."""
+    evidence = record.get(EVIDENCE_KEY)
+    if not isinstance(evidence, dict) or evidence.get("kind") != "port_held":
+        return None
+    port = evidence.get("port")
+    if not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    try:
+        found = holders(port)
+    except (OSError, ValueError):
+        return None
+    if not found:
+        return None
+    return f"port {port} is still held by " + "; ".join(h.describe() for h in found)

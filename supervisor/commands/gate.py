@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..actions.comeback import SupervisorUnit, ask_about, coming_back
-from ..actions.evidence import changed
+from ..actions.evidence import changed, still_holds
 from ..actions.gatekeeper import Reply, ask, socket_path
 from ..actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
 from ..config import SUPERVISOR_UNIT
@@ -195,6 +195,8 @@ def _check_records(
         if _lifted(unit, quarantine, record, runtime_dir, stream):
             continue
         print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
+        if (holder := still_holds(record)) is not None:
+            print(f"{unit}: {holder}", file=stream)
         print(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
     return None

@@ -8,8 +8,8 @@ listening at its crash, halted the loop at the first crash; but the hardened dae
 (`PrivateUsers=yes`) saw neither the holder's open files nor its uid, and its record and Slack
 message blamed "a process of uid 65534". Now the daemon names the holder by the cgroup its
 socket was opened in (sock_diag) and by the uid systemd runs that unit as (D-Bus): its PID,
-command line, unit, user and uid. The gate refuses starts while the port is held and lifts the
-halt once the holder is stopped; the unit then starts and serves.
+command line, unit, user and uid. The gate (root) refuses starts while the port is held, naming
+the holder as it sees it, and lifts the halt once the holder is stopped; the unit then serves.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def test_a_port_held_by_another_users_unit_is_named_and_halts_the_first_crash(
     wait_for(lambda: sum(1 for e in unit_lines(container)
                          if e.get("MESSAGE_ID") == CONDITION_SKIPPED) > skips,
              timeout=20, what="the gate to skip the start")  # fmt: skip
-    assert gate_says(container, "start refused, quarantined: ") and gate_says(container, named)
+    assert gate_says(container, "start refused, quarantined: ")
+    assert gate_says(container, f"{UNIT}: port {port} is still held by {named}")  # as root sees
     # Once the holder is gone, the gate lifts the halt by itself: no release needed.
     container.systemctl("stop", BLOCKER)
     container.systemctl("start", "--no-block", UNIT)
