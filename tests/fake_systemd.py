@@ -86,11 +86,13 @@ class FakeUnit(ServiceInterface):
         load_state: str = "loaded",
         invocation_id: bytes = b"",
         job: tuple[int, str] = (0, "/"),
+        active_exit_us: int = 0,
     ) -> None:
         super().__init__("org.freedesktop.systemd1.Unit")
         self.active, self.sub, self.load_state = active, sub, load_state
         self.invocation_id = invocation_id
         self.job = job  # (id, path); (0, "/") when no job is pending
+        self.active_exit_us = active_exit_us  # CLOCK_MONOTONIC; 0: never left "active"
 
     @dbus_property(access=PropertyAccess.READ)
     def ActiveState(self) -> "s":
@@ -111,6 +113,10 @@ class FakeUnit(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def Job(self) -> "(uo)":
         return list(self.job)
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ActiveExitTimestampMonotonic(self) -> "t":
+        return self.active_exit_us
 
 
 class FakeJob(ServiceInterface):

@@ -128,15 +128,27 @@ def gate(runtime: Path, tmp_path: Path, comeback_s: float) -> tuple[int, str, fl
     return status, out.getvalue(), time.monotonic() - started
 
 
+def left_active(seconds_ago: float) -> int:
+    """An ActiveExitTimestampMonotonic of `seconds_ago` (this host's CLOCK_MONOTONIC, in µs)."""
+    return int((time.clock_gettime(time.CLOCK_MONOTONIC) - seconds_ago) * 1e6)
+
+
+def restarting(sub: str, job: int = 0, left_s_ago: float = 1.0) -> Callable[[], FakeUnit]:
+    """The supervisor's unit, `left_s_ago` after it stopped being active."""
+    active = "deactivating" if sub.startswith("stop") else "activating"
+    pending = (job, JOB_PATH) if job else (0, "/")
+    return lambda: FakeUnit(
+        active=active, sub=sub, job=pending, active_exit_us=left_active(left_s_ago)
+    )
+
+
 @pytest.mark.parametrize(
     ("unit", "job"),
     [
-        (
-            lambda: FakeUnit(active="activating", sub="auto-restart"),
-            None,
-        ),  # after a crash or a kill
-        (lambda: FakeUnit(active="deactivating", sub="stop-sigterm", job=(7, JOB_PATH)), "restart"),
-        (lambda: FakeUnit(active="activating", sub="start", job=(7, JOB_PATH)), "start"),
+        (restarting("auto-restart"), None),  # a crash, a kill, the watchdog's kill
+        (restarting("stop-sigterm", job=7), "restart"),  # systemctl restart, in its stop
+        (restarting("start", job=7), "start"),  # ... and in its start
+        (restarting("stop-post"), None),  # going down on its own, Restart= to follow
     ],
 )
 def test_a_gate_waits_for_the_supervisor_systemd_brings_back(
@@ -162,6 +174,10 @@ def test_a_gate_waits_for_the_supervisor_systemd_brings_back(
         (lambda: FakeUnit(active="failed", sub="failed"), None),  # failed, nothing restarts it
         (lambda: FakeUnit(active="deactivating", sub="stop-sigterm", job=(7, JOB_PATH)), "stop"),
         (lambda: FakeUnit(active="active", sub="running"), None),  # runs, but nothing listens
+        # Never came up this boot (a start at boot), or keeps failing to (a crash loop on a
+        # missing credential): every start would wait for it in vain.
+        (lambda: FakeUnit(active="activating", sub="start", job=(7, JOB_PATH)), "start"),
+        (restarting("auto-restart", left_s_ago=600), None),
     ],
 )
 def test_a_supervisor_nothing_brings_back_is_not_waited_for(
@@ -182,8 +198,7 @@ def test_a_supervisor_nothing_brings_back_is_not_waited_for(
 def test_the_wait_for_a_supervisor_that_never_comes_is_bounded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime: Path
 ) -> None:
-    restarting = FakeUnit(active="activating", sub="auto-restart")
-    with systemd_says(tmp_path, monkeypatch, restarting):
+    with systemd_says(tmp_path, monkeypatch, restarting("auto-restart", left_s_ago=0)()):
         status, said, took = gate(runtime, tmp_path, comeback_s=1.0)
     assert status == EXIT_ALLOW
     assert "was not back within 1 s" in said
@@ -207,8 +222,15 @@ SUBS = st.sampled_from(
 JOBS = st.sampled_from(["", "start", "restart", "stop", "reload", "verify-active", "nop", "?"])
 
 
-@given(active=STATES, sub=SUBS, job=JOBS)
-def test_coming_back_follows_the_job_then_the_state(active: str, sub: str, job: str) -> None:
+@given(
+    active=STATES,
+    sub=SUBS,
+    job=JOBS,
+    inactive_for_s=st.one_of(st.none(), st.floats(min_value=0, max_value=1e6)),
+)
+def test_coming_back_follows_the_job_then_the_state(
+    active: str, sub: str, job: str, inactive_for_s: float | None
+) -> None:
     state = UnitState(
         active_state=active,
         sub_state=sub,
@@ -217,11 +239,16 @@ def test_coming_back_follows_the_job_then_the_state(active: str, sub: str, job: 
         invocation_id="",
         main_pid=0,
     )
-    why = coming_back(SupervisorUnit(state, job))
-    if job in ("start", "restart", "verify-active"):
-        assert why is not None and job in why
-    elif job:
+    why = coming_back(SupervisorUnit(state, job, inactive_for_s), within_s=45.0)
+    starting = job in ("start", "restart", "verify-active")
+    if job and not starting:
         assert why is None  # a stop (or any other job) is not a comeback
+    elif active in ("active", "reloading"):
+        assert (why is not None) == starting
+    elif inactive_for_s is None or inactive_for_s > 45.0:
+        assert why is None  # never up, or down for longer than a restart takes
+    elif starting:
+        assert why is not None and job in why
     elif sub == "auto-restart" or active in ("activating", "deactivating"):
         assert why is not None
     else:

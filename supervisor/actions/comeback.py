@@ -16,6 +16,7 @@ job starts it; after the watchdog's kill the unit goes down on its own (`deactiv
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from ..actions.systemd import SystemdClient, ask_once
@@ -31,19 +32,30 @@ _STARTING_JOBS = frozenset({"start", "restart", "try-restart", "reload-or-start"
 
 @dataclass(frozen=True, slots=True)
 class SupervisorUnit:
-    """What systemd says of the supervisor's unit: its state and pending job."""
+    """What systemd says of the supervisor's unit: its state, pending job, and how long ago it
+    stopped being active (None: it never was, in this boot)."""
 
     state: UnitState
     job: str  # "" when none
+    inactive_for_s: float | None
 
 
-def coming_back(unit: SupervisorUnit) -> str | None:
-    """Why systemd is (re)starting the supervisor now, or None when nothing brings it back."""
+def coming_back(unit: SupervisorUnit, *, within_s: float) -> str | None:
+    """Why systemd is bringing the supervisor back now, or None when nothing does.
+
+    Only a supervisor that was up until `within_s` ago counts: one that never came up (a start
+    at boot) or that keeps failing to (a crash loop, a missing credential) is not waited for,
+    or every start of every served unit would wait for it in vain.
+    """
     state, job = unit.state, unit.job
-    if job in _STARTING_JOBS:
-        return f"systemd is running a {job} job of it ({state.active_state}/{state.sub_state})"
-    if job:
+    if job and job not in _STARTING_JOBS:
         return None  # a stop (or another job) that leaves it down
+    if state.active_state in ("active", "reloading"):
+        return f"systemd is running a {job} job of it" if job else None
+    if unit.inactive_for_s is None or unit.inactive_for_s > within_s:
+        return None
+    if job:
+        return f"systemd is running a {job} job of it ({state.active_state}/{state.sub_state})"
     if state.sub_state == "auto-restart":
         return f"systemd restarts it after a failure ({state.active_state}/{state.sub_state})"
     if state.active_state == "activating":
@@ -60,7 +72,11 @@ def ask_about(unit: str = SUPERVISOR_UNIT) -> SupervisorUnit | None:
     """systemd's view of the supervisor's unit; None when systemd cannot be asked."""
 
     async def question(client: SystemdClient) -> SupervisorUnit:
-        return SupervisorUnit(await client.unit_state(unit), await client.pending_job(unit))
+        state = await client.unit_state(unit)
+        job = await client.pending_job(unit)
+        left_us = int(await client.unit_property(unit, "ActiveExitTimestampMonotonic"))
+        now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return SupervisorUnit(state, job, (now_us - left_us) / 1e6 if left_us else None)
 
     try:
         return ask_once(question, timeout_s=SYSTEMD_TIMEOUT_S)

@@ -133,16 +133,17 @@ class SystemdClient:
     async def pending_job(self, unit: str) -> str:
         """The type of the job systemd runs or queued for `unit` ("start", "restart", "stop",
         ...), or "" when there is none."""
-        path = await self._unit_path(unit)
-        body = await self._call(path, PROPS_IFACE, "Get", "ss", [UNIT_IFACE, "Job"])
-        job_id, job_path = _unwrap({"Job": body[0]})["Job"]
+        job_id, job_path = await self.unit_property(unit, "Job")
         if not job_id:
             return ""
         try:
-            body = await self._call(str(job_path), PROPS_IFACE, "Get", "ss", [JOB_IFACE, "JobType"])
+            return str(await self._get(str(job_path), JOB_IFACE, "JobType"))
         except SystemdError:
             return ""  # the job finished between the two calls
-        return str(_unwrap({"JobType": body[0]})["JobType"])
+
+    async def unit_property(self, unit: str, name: str) -> Any:
+        """One property of the unit's org.freedesktop.systemd1.Unit interface."""
+        return await self._get(await self._unit_path(unit), UNIT_IFACE, name)
 
     async def exec_start(self, unit: str) -> list[str]:
         """The argv of the unit's first ExecStart= command (for environment drift checks)."""
@@ -188,6 +189,11 @@ class SystemdClient:
         # a stopped service that systemd garbage-collected.
         body = await self._call(MANAGER_PATH, MANAGER_IFACE, "LoadUnit", "s", [unit])
         return str(body[0])
+
+    async def _get(self, path: str, interface: str, name: str) -> Any:
+        body = await self._call(path, PROPS_IFACE, "Get", "ss", [interface, name])
+        value = body[0]
+        return value.value if isinstance(value, Variant) else value
 
     async def _get_all(self, path: str, interface: str) -> dict[str, Any]:
         body = await self._call(path, PROPS_IFACE, "GetAll", "s", [interface])

@@ -127,7 +127,11 @@ def _wait_for_comeback(
     while time.monotonic() < deadline:
         if time.monotonic() >= next_look:
             supervisor = waiting.about()
-            why = coming_back(supervisor) if supervisor is not None else None
+            why = (
+                coming_back(supervisor, within_s=waiting.comeback_s)
+                if supervisor is not None
+                else None
+            )
             if why is None:
                 return reply
             if not said:
