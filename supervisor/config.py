@@ -102,6 +102,9 @@ class TrackerConfig:
     max_open_invocations: int = 16  # per unit and host; the oldest open one is closed past this
     settle_s: float = 0.3  # after a unit ends, how long its late stdout lines are still awaited
     settle_after_start_s: float = 0.1  # ... once the unit's next start began (never longer)
+    # Past those, each late line of the ended run keeps the wait open (journald writing a
+    # flood it received before the end), at most this long after the end.
+    drain_max_s: float = 10.0
     ratelimit_interval_s: float = 30.0  # journald's RateLimitIntervalSec= (lost-line reports)
     # An error logged while serving more than this long before the end is context, not cause.
     cause_window_s: float = 120.0
@@ -331,7 +334,7 @@ def validate(config: Config) -> Config:
         "cause_window_s",
     ):
         _positive(f"tracker.{key}", getattr(config.tracker, key))
-    for key in ("settle_s", "settle_after_start_s"):
+    for key in ("settle_s", "settle_after_start_s", "drain_max_s"):
         if getattr(config.tracker, key) < 0:
             raise ConfigError(f"tracker.{key}: must be >= 0 (got {getattr(config.tracker, key)})")
     _positive("journal.restart_backoff_s", config.journal.restart_backoff_s)

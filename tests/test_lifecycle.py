@@ -203,18 +203,61 @@ class TestLateLines:
         assert tracker.feed(line("a")) == []
         assert tracker.feed(failed) == []
         assert tracker.feed(late) == []
-        (inv,) = tracker.flush_due(failed.realtime_us + 1_000_000)
+        (inv,) = tracker.flush_due(late.realtime_us + 1_000_000)
         assert [x.text for x in inv.lines] == ["a", "RuntimeError: the real cause"]
 
     def test_next_start_cuts_the_wait_for_late_lines(self) -> None:
         """A new invocation of the unit shortens the wait for the previous one's late lines to
         settle_after_start_s (its processes are gone; the new start's gate is waiting)."""
         tracker = InvocationTracker(TrackerConfig(settle_s=60.0, settle_after_start_s=0.1))
-        tracker.feed(line("a", inv="A", at_us=1_000_000))
+        tracker.feed(line("a", inv="A", pid=10, at_us=1_000_000))
         tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A", at_us=1_000_001))
-        assert tracker.feed(line("b", inv="B", at_us=1_000_002)) == []
-        assert tracker.feed(line("c", inv="B", at_us=1_050_000)) == []
-        assert [i.invocation_id for i in tracker.feed(line("d", inv="B", at_us=1_200_000))] == ["A"]
+        assert tracker.feed(line("b", inv="B", pid=20, at_us=1_000_002)) == []
+        assert tracker.feed(line("c", inv="B", pid=20, at_us=1_050_000)) == []
+        ended = tracker.feed(line("d", inv="B", pid=20, at_us=1_200_000))
+        assert [i.invocation_id for i in ended] == ["A"]
+
+    def test_a_flood_still_being_written_holds_the_decision(self) -> None:
+        """journald writes a dead process's flood for seconds after PID 1's "Failed": each of
+        its lines keeps the window open, so the cause printed last is in, up to drain_max_s
+        after the end (seen on systemd 252: 120,000 lines, the cause 4 s after the exit)."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=0.3, drain_max_s=10.0))
+        tracker.feed(line("flood 0", at_us=1_000_000))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, at_us=1_100_000))
+        for n in range(1, 40):  # one line every 0.1 s, for 4 s after the end
+            assert tracker.feed(line(f"flood {n}", at_us=1_100_000 + n * 100_000)) == []
+        assert tracker.feed(line("RuntimeError: the cause", at_us=5_100_000)) == []
+        (inv,) = tracker.flush_due(5_500_000)
+        assert inv.lines[-1].text == "RuntimeError: the cause"
+
+    def test_the_wait_for_a_flood_is_bounded(self) -> None:
+        tracker = InvocationTracker(TrackerConfig(settle_s=0.3, drain_max_s=2.0))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, at_us=1_000_000))
+        ended: list[Invocation] = []
+        for n in range(1, 40):
+            ended += tracker.feed(line(f"flood {n}", at_us=1_000_000 + n * 100_000))
+        assert [i.invocation_id for i in ended] == ["A"]
+        assert ended[0].total_lines < 25  # decided 2 s after its end, not after the flood
+
+    def test_late_lines_stamped_with_the_held_restart_are_the_ended_runs(self) -> None:
+        """journald stamps a line with the id it reads from the unit's cgroup when it writes
+        it: a dead run's lines written after the restart began carry the new run's id, from
+        its processes and from new ones. The new run's gate holds its main process until the
+        ended run is decided, so until PID 1 says it started, those lines are the ended run's."""
+        tracker = InvocationTracker(TrackerConfig(settle_s=0.3, settle_after_start_s=0.1))
+        tracker.feed(line("flood", inv="A", pid=10, at_us=1_000_000))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A", at_us=1_100_000))
+        tracker.feed(event(LifecycleEvent.STARTING, inv="B", at_us=1_200_000, JOB_TYPE="start"))
+        assert tracker.feed(line("flood", inv="B", pid=10, at_us=1_250_000)) == []
+        assert tracker.feed(line("RuntimeError: cause", inv="B", pid=11, at_us=1_300_000)) == []
+        (a,) = tracker.flush_due(1_700_000)
+        assert (a.invocation_id, [x.text for x in a.lines][-1]) == ("A", "RuntimeError: cause")
+        # Once PID 1 says B's main process started, B's lines are its own.
+        tracker.feed(event(LifecycleEvent.JOB_STARTED, inv="B", at_us=1_800_000))
+        tracker.feed(line("INFO serving", inv="B", pid=20, at_us=1_900_000))
+        tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="B", at_us=2_000_000))
+        (b,) = tracker.flush_due(3_000_000)
+        assert [x.text for x in b.lines] == ["INFO serving"]
 
     def test_zero_settle_decides_on_the_failed_message(self) -> None:
         """With no settle window the invocation ends on PID 1's message itself."""

@@ -340,6 +340,8 @@ class InvocationTracker:
             track = self._tracks[key] = _Track()
         ended: list[Invocation] = []
         if self._settling:
+            if not entry.from_pid1 and entry.message_id != _SUPPRESSED:
+                self._still_writing(track, entry)
             ended += self._flush_track(key, track, entry.realtime_us)
         if entry.boot_id is not None and entry.boot_id != track.boot_id:
             ended += self._new_boot(key, track, entry.boot_id)
@@ -356,6 +358,8 @@ class InvocationTracker:
         ended: list[Invocation] = []
         if invocation_id is None:
             builder = self._owner_of_anonymous(track, entry.pid)
+        elif (owner := self._ended_owner(track, entry)) is not None:
+            builder = owner
         else:
             if invocation_id in track.closed:
                 self.late_lines += 1
@@ -498,6 +502,50 @@ class InvocationTracker:
             track.restarts = builder.restarts
         track.pending_restart_of = None
         return ended
+
+    def _ended_owner(self, track: _Track, entry: JournalEntry) -> _Builder | None:
+        """The ended invocation, still awaiting late lines, that printed this line, if any.
+
+        journald stamps a stream's line with the invocation id it reads from the unit's cgroup
+        when it writes the line, so a dead process's lines that it writes after the unit
+        restarted carry the new run's id (seen on systemd 252, seconds after a flood, from the
+        dead run's processes and from processes the new run never had). So a line stamped
+        with a run whose main process has not started is the ended run's: until then the new
+        run prints nothing of its own, since its gate holds it until the ended run is decided.
+        """
+        if entry.invocation_id is None:
+            return None
+        stated = track.builder_of(entry.invocation_id)
+        if stated is None or stated.ending is not None:
+            return stated
+        if not stated.main_started and track.settling and entry.pid not in stated.pids:
+            return next(reversed(track.settling.values()))
+        return None
+
+    def _still_writing(self, track: _Track, entry: JournalEntry) -> None:
+        """A line of an invocation that already ended: journald is still writing what its
+        processes printed (a flood just before a crash takes it seconds, and the cause comes
+        last), so its decision waits for more, up to `drain_max_s` after its end."""
+        builder = (
+            self._ended_owner(track, entry)
+            if entry.invocation_id is not None
+            else self._owner_of_anonymous(track, entry.pid)
+        )
+        if (
+            builder is None
+            or builder.ending is None
+            or builder.ended_us is None
+            or builder.end_read is None
+        ):
+            return
+        drain_us = int(self.caps.drain_max_s * 1_000_000)
+        limit_us = builder.ended_us + drain_us
+        builder.deadline_us = min(
+            max(builder.deadline_us or 0, entry.realtime_us + self._settle_us), limit_us
+        )
+        limit = builder.end_read + self.caps.drain_max_s
+        soon = self._clock() + self.caps.settle_s
+        builder.read_deadline = min(max(builder.read_deadline or 0.0, soon), limit)
 
     def _cut_settling(self, track: _Track, invocation_id: str | None, now_us: int) -> None:
         """A newer invocation began: the ended ones' processes are gone, wait only a little."""
