@@ -253,6 +253,28 @@ class TestHalter:
         assert q.list() == {}
         assert fake_systemd[0].stops == []
 
+    async def test_a_fatal_crash_of_a_unit_nothing_restarts_is_quarantined(
+        self,
+        tmp_path: Path,
+        client: SystemdClient,
+        fake_systemd: tuple[FakeManager, FakeUnit],
+    ) -> None:
+        """Was "nothing to halt": a `Restart=no` unit that a timer (or a dependency) starts
+        again crashed fatally at every start, 22 starts and 22 messages, `status` "ok". The
+        record keeps those starts off and the crash is told once; nothing is stopped."""
+        fake_systemd[1].active, fake_systemd[1].sub = "failed", "failed"
+        q = Quarantine(tmp_path / "q")
+        actor = Actor(
+            Halter(q, client, attempts=3, timeout_s=1), client, Metrics(new_registry(process=False))
+        )
+        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
+        recorded = await actor.carry_out(outcome(invocation_id=FAKE_INVOCATION), here)
+        assert recorded.taken is Taken.HALTED, recorded.taken_detail
+        assert "nothing restarts it" in recorded.taken_detail
+        record = q.read("vllm.service")
+        assert record is not None and record["invocation_id"] == FAKE_INVOCATION
+        assert fake_systemd[0].stops == []
+
     async def test_unreachable_bus_still_quarantines(self, tmp_path: Path) -> None:
         """Without a bus the record is written and the error is reported after retries."""
         q = Quarantine(tmp_path / "q")

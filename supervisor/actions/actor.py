@@ -3,8 +3,9 @@
 The policy says what should happen to a unit whose crash is the present one. The actor asks
 systemd whether it is (supervisor.actions.presence), then:
 
-- halt, present: quarantine (the gate's record), then StopUnit unless the unit is down already
-  or its gate is waiting on us (the gate refuses the start itself: a StopUnit then would kill
+- halt, present (or down, with nothing restarting it: a timer or a person starts it again):
+  quarantine (the gate's record), then StopUnit unless the unit is down already or its gate
+  is waiting on us (the gate refuses the start itself: a StopUnit then would kill
   the gate and fail the unit);
 - allow-restart: nothing, systemd restarts it; but a hung engine (the unit stays active) and a
   crash that exited 0 (systemd sees success and, under `Restart=on-failure`, leaves it down)
@@ -78,13 +79,15 @@ class Actor:
         return await self._allow_restart(unit, outcome, judgement)
 
     async def _halt(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:
-        if judgement.presence is Presence.DOWN:
-            return _taken(outcome, Taken.DOWN, f"nothing to halt: {judgement.reason}")
+        # A unit that nothing restarts (Restart=no) is still started again by a timer, a
+        # dependency or a person: the record keeps each such start of a fatal crash off, and
+        # the crash is told once. There is nothing to stop.
         if outcome.decision.dry_run:
             return _taken(
                 outcome,
                 Taken.WOULD_HALT,
-                f"dry run: would quarantine {unit} and stop it ({judgement.reason})",
+                f"dry run: would quarantine {unit}{' and stop it' if judgement.running else ''}"
+                f" ({judgement.reason})",
             )
         # A StopUnit while the next start's gate runs would kill the gate and fail the unit: the
         # gate reads the record itself. One that connects late (a Python starting) is checked
