@@ -83,7 +83,8 @@ class Ending(StrEnum):
     """How an invocation came to its end, as the journal shows it."""
 
     EXITED = "exited"  # PID 1 logged "Failed with result" or "Deactivated successfully"
-    STOPPED = "stopped"  # a stop or restart job ended it ("Stopping U..." while it ran)
+    STOPPED = "stopped"  # a stop or restart job ended it ("Stopping U..." while it ran), or
+    #                      `systemctl kill` ("Sent signal SIGKILL ... on client request")
     SKIPPED = "skipped"  # its start was skipped by ExecCondition= (the gate)
     GATE_STOPPED = "gate-stopped"  # stopped while its ExecCondition= ran: it never started
     START_LIMIT = "start-limit"  # systemd refused to start it again (start-limit-hit)

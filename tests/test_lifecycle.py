@@ -192,6 +192,48 @@ def test_a_line_without_invocation_id_does_not_anonymise_the_invocation() -> Non
     assert [(i.invocation_id, len(i.lines)) for i in ended] == [("Q", 2)]
 
 
+def kill_request(signal: str, inv: str = "A", at_us: int | None = None) -> JournalEntry:
+    """PID 1's line for `systemctl kill` (it has no MESSAGE_ID), as systemd 252 writes it."""
+    n = next(_cursors)
+    return JournalEntry(
+        cursor=f"c{n}",
+        realtime_us=n if at_us is None else at_us,
+        message=f"{UNIT}: Sent signal {signal} to main process 85 (python3) on client request.",
+        unit=UNIT,
+        invocation_id=inv,
+        pid=1,
+        from_pid1=True,
+    )
+
+
+class TestKillRequests:
+    """`systemctl kill -s KILL U`, 3 times 10 s after each start, was 3 unknown crashes and a
+    halt on the 3rd. A person's (or a tool's) kill is no crash."""
+
+    def killed(self, signal: str, kill_at_us: int) -> Invocation:
+        tracker = InvocationTracker(TrackerConfig(settle_s=0))
+        tracker.feed(line("INFO serving", at_us=1_000_000))
+        tracker.feed(kill_request(signal, at_us=kill_at_us))
+        tracker.feed(
+            event(LifecycleEvent.PROCESS_EXITED, at_us=100_000_000, EXIT_CODE="killed",
+                  EXIT_STATUS="9")
+        )  # fmt: skip
+        (inv,) = tracker.feed(
+            event(LifecycleEvent.UNIT_FAILED, at_us=100_000_001, UNIT_RESULT="signal")
+        )
+        return inv
+
+    def test_a_kill_request_ends_it_as_a_stop(self) -> None:
+        assert self.killed("SIGKILL", kill_at_us=99_000_000).ending is Ending.STOPPED
+        assert self.killed("SIGTERM", kill_at_us=99_000_000).ending is Ending.STOPPED
+
+    def test_a_signal_that_does_not_end_a_process_is_no_stop(self) -> None:
+        assert self.killed("SIGHUP", kill_at_us=99_000_000).ending is Ending.EXITED
+
+    def test_a_kill_request_long_before_the_end_is_no_stop(self) -> None:
+        assert self.killed("SIGTERM", kill_at_us=2_000_000).ending is Ending.EXITED
+
+
 class TestLateLines:
     """journald's stdout stream can lag behind PID 1's message that the unit failed."""
 

@@ -42,7 +42,7 @@ _NOT_A_CRASH = {
     Ending.BOOT: (Rule.BOOT, "ended with the boot: the host went down before the unit ended"),
     Ending.STOPPED: (
         Rule.OPERATOR_STOP,
-        "ended by a stop or restart job (a person or a tool), not a crash",
+        "ended by a stop, restart or kill request (a person or a tool), not a crash",
     ),
     Ending.OPEN: (Rule.STILL_RUNNING, "still running at the end of the journal"),
 }

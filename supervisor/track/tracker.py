@@ -83,6 +83,13 @@ _DEACTIVATED: str = LifecycleEvent.DEACTIVATED.value
 _SKIPPED: str = LifecycleEvent.CONDITION_SKIPPED.value
 _ENDS = frozenset({_FAILED, _DEACTIVATED, _SKIPPED})
 _MAIN_COMMANDS = frozenset({"", "ExecStart"})  # COMMAND= of the main process (absent: older)
+# PID 1's line (no MESSAGE_ID) for `systemctl kill`: "U: Sent signal SIGKILL to main process
+# 85 (sleep) on client request." Only signals that end a process by default count, and only
+# for an end soon after: a SIGHUP or SIGUSR1 sent for a reload is no stop.
+_KILL_REQUEST = re.compile(
+    r"Sent signal SIG(?:KILL|TERM|INT|QUIT|ABRT) to main process \d+ .*on client request"
+)
+_KILL_TO_END_US = 60_000_000
 
 _Row = tuple[int, str, int | None, int | None, int]  # seq, text, pid, priority, realtime_us
 Key = tuple[str, str | None]  # (machine id or "", unit)
@@ -165,6 +172,7 @@ class _Builder:
     oom_killed: bool = False
     ending: Ending | None = None  # None while it runs
     stop_requested: bool = False
+    kill_requested_us: int | None = None  # `systemctl kill` (a person, a tool) signalled it
     main_started: bool = False
     start_seen: bool = False  # PID 1's "Starting"/"Started" of it was read
     control_killed: bool = False  # a control process (the gate) was killed before the main ran
@@ -181,6 +189,11 @@ class _Builder:
     pids: set[int] = field(default_factory=set)
     _after_frame: set[int | None] = field(default_factory=set)
     _matches: dict[int, bool] = field(default_factory=dict)  # seq -> _IMPORTANT matched
+
+    def killed_on_request(self, end_us: int) -> bool:
+        """Did a person's or a tool's kill request end it (the end came soon after)?"""
+        requested = self.kill_requested_us
+        return requested is not None and 0 <= end_us - requested <= _KILL_TO_END_US
 
     def add_line(self, seq: int, entry: JournalEntry) -> None:
         row: _Row = (seq, entry.message, entry.pid, entry.priority, entry.realtime_us)
@@ -410,6 +423,11 @@ class InvocationTracker:
         if invocation_id is not None and invocation_id in track.closed:
             self.late_events += 1
             return []
+        if event is None and _KILL_REQUEST.search(entry.message):
+            killed = track.builder_of(invocation_id)
+            if killed is not None and killed.ending is None:
+                killed.kill_requested_us = entry.realtime_us
+            return []
         if event not in _KNOWN_EVENTS:
             return []
         ended: list[Invocation] = []
@@ -469,7 +487,7 @@ class InvocationTracker:
             builder.ending = Ending.SKIPPED
         elif builder.control_killed and not builder.main_started:
             builder.ending = Ending.GATE_STOPPED
-        elif builder.stop_requested:
+        elif builder.stop_requested or builder.killed_on_request(entry.realtime_us):
             builder.ending = Ending.STOPPED
         else:
             builder.ending = Ending.EXITED

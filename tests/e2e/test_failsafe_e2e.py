@@ -15,6 +15,8 @@ from served import (
     UNIT,
     condition_skips,
     container,
+    history,
+    quarantined,
     start_supervisor,
     supervisor_events,
 )
@@ -92,3 +94,34 @@ def test_a_daemon_that_refuses_its_config_stays_down_and_lets_starts_through(
         if "does not load" in str(e.get("MESSAGE"))
     ]
     assert gate_lines, "the gate must say in the unit's journal why nothing supervises it"
+
+
+def test_a_person_killing_the_server_three_times_is_no_crash_loop(container: Container) -> None:
+    """Was: `systemctl kill -s KILL` 10 s after each start, 3 times (PID 1 logs "Sent signal
+    SIGKILL ... on client request"), made 3 unknown crashes and a halt on the 3rd. A kill a
+    person (or a tool) asked for ends the run as a stop: observed, never counted, no halt."""
+    start_supervisor(container)
+    install_serving_unit(container)
+    container.write_file(
+        f"/etc/systemd/system/{UNIT}.d/50-e2e-restartsec.conf", "[Service]\nRestartSec=100ms\n"
+    )
+    container.systemctl("daemon-reload")
+    container.systemctl("start", UNIT)
+    for kill in range(1, 4):
+        wait_for(lambda: running(container), timeout=30, what="the served unit to run")
+        pid = container.show(UNIT, "MainPID")["MainPID"]
+        container.systemctl("kill", "-s", "KILL", UNIT)
+        wait_for(
+            lambda killed=pid: container.show(UNIT, "MainPID")["MainPID"] not in ("0", killed),
+            timeout=30,
+            what=f"systemd to restart the server after kill {kill}",
+        )
+    wait_for(
+        lambda: len([i for i in history(container) if i["ending"] == "stopped"]) >= 3,
+        timeout=30,
+        what="three kills recorded",
+    )
+    killed = [i for i in history(container) if i["ending"] == "stopped"]
+    assert {i["decision"]["action"] for i in killed} == {"observe"}, killed
+    assert not quarantined(container)
+    wait_for(lambda: running(container), timeout=30, what="the served unit to run on")
