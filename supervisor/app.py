@@ -24,6 +24,7 @@ from .actions.quarantine import (
 )
 from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
+from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
 from .classify.table import load_table
 from .config import Config, parse_listen, resolve_webhook
@@ -78,6 +79,10 @@ async def _run(
         except Exception as exc:
             log.error("systemd_unavailable", error=str(exc))
     control = systemd if config.systemd.enabled else None
+    # A configured alias is supervised under the unit's real name, the one the journal carries;
+    # a journal directory may hold another host's units: its names are kept as configured.
+    names = RealNames(control if config.journal.directory is None else None)
+    config = await names.resolve(config)
     notifier = Notifier()
     webhook_url = resolve_webhook(config.slack)
     webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
@@ -147,6 +152,7 @@ async def _run(
         wakers=[s.wake for s in sinks],
         sources=[hangs],
         drift=recorder.changes,
+        names=names,
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),

@@ -28,6 +28,7 @@ import structlog
 
 from .actions.actor import Actor
 from .actions.presence import Here
+from .actions.unitnames import RealNames
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
 from .config import Config, restart_only_changes
@@ -99,8 +100,11 @@ class Daemon:
         drift: DriftLookup | None = None,
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
         wakers: Sequence[Callable[[], None]] = (),
+        names: RealNames | None = None,
     ) -> None:
         self.config = config
+        # The units' real names (config already under them): a reload is resolved again.
+        self.names = names or RealNames(None)
         self.store = store
         self.metrics = metrics
         self.actor = actor
@@ -343,7 +347,9 @@ class Daemon:
         self, unit: str, invocation_id: str | None, wait_s: float
     ) -> dict[str, Any]:
         """Answer a gate once `unit`'s past is decided: the journal read up to the gate's own
-        start (`invocation_id`, from PID 1's "Starting"), no ended invocation left undecided."""
+        start (`invocation_id`, from PID 1's "Starting"), no ended invocation left undecided.
+        `unit` may be any name of a supervised unit (the gate's %n is its real name)."""
+        unit = self.names.real_name(unit)
         if all(u.name != unit for u in self.config.units):
             # A drop-in left on a unit the config no longer names: nothing will decide about
             # it, so waiting would only delay its start by `wait_s`.
@@ -636,8 +642,9 @@ class Daemon:
                 reload.clear()
                 loaded = await asyncio.to_thread(self._load_new)  # file reads, off the loop
                 if loaded is not None:
+                    config = await self.names.resolve(loaded[0])  # asks systemd: not locked
                     async with self.lock:
-                        self._apply(*loaded)
+                        self._apply(config, loaded[1])
 
     def _load_new(self) -> tuple[Config, SignatureTable] | None:
         """The config and table on disk now; None (logged) when they do not load."""

@@ -130,6 +130,15 @@ class SystemdClient:
             main_pid=int(service.get("MainPID", 0)),
         )
 
+    async def unit_names(self, unit: str) -> tuple[str, tuple[str, ...]]:
+        """The unit's real name (its Id: an alias answers with the unit it links to) and every
+        name it goes by; `no_such_unit` when systemd knows no such unit."""
+        props = await self._get_all(await self._unit_path(unit), UNIT_IFACE)
+        if props.get("LoadState") == "not-found":
+            raise SystemdError(f"{unit}: no such unit", reason="no_such_unit", retryable=False)
+        real = str(props.get("Id") or unit)
+        return real, tuple(dict.fromkeys([real, *map(str, props.get("Names") or ())]))
+
     async def pending_job(self, unit: str) -> str:
         """The type of the job systemd runs or queued for `unit` ("start", "restart", "stop",
         ...), or "" when there is none."""
