@@ -187,7 +187,7 @@ class Encoder:
         self.boot_id = uuid.uuid4().hex
         self.seqnum_id = uuid.uuid4().hex
         self.machine_id = uuid.uuid4().hex
-        self.clock_us = start_us
+        self.clock_us = self.start_us = start_us
         self.seqnum = 0
         self._boot = f"_BOOT_ID={self.boot_id}\n_MACHINE_ID={self.machine_id}\n".encode()
 
@@ -195,10 +195,11 @@ class Encoder:
         """The cursor, timestamps and boot id of the next entry."""
         self.seqnum += 1
         self.clock_us = max(self.clock_us + self.step_us, now_us or 0)
+        monotonic = self.clock_us - self.start_us  # the clock never steps here
         return (
             f"__CURSOR=s={self.seqnum_id};i={self.seqnum:x};b={self.boot_id};"
-            f"m={self.seqnum:x};t={self.clock_us:x};x=0\n"
-            f"__REALTIME_TIMESTAMP={self.clock_us}\n__MONOTONIC_TIMESTAMP={self.seqnum}\n"
+            f"m={monotonic:x};t={self.clock_us:x};x=0\n"
+            f"__REALTIME_TIMESTAMP={self.clock_us}\n__MONOTONIC_TIMESTAMP={monotonic}\n"
         ).encode() + self._boot
 
     def entry(self, fields: Mapping[str, FieldValue], *, now_us: int | None = None) -> bytes:

@@ -161,6 +161,7 @@ class Invocation:
     hung: bool = False  # the engine died while the unit stayed active
     started_us: int | None = None
     ended_us: int | None = None
+    ran_monotonic_s: float | None = None  # first entry to end, monotonic (one boot)
     first_cursor: str | None = None
     last_cursor: str | None = None
 
@@ -171,7 +172,11 @@ class Invocation:
 
     @property
     def ran_s(self) -> float | None:
-        """Seconds from its first entry to its end, when both are known."""
+        """Seconds from its first entry to its end, when both are known: on the monotonic
+        clock when the journal says it (a wall clock stepped by an hour mid-start would make a
+        crash at load look like one after serving), else on the wall clock."""
+        if self.ran_monotonic_s is not None:
+            return self.ran_monotonic_s
         if self.started_us is None or self.ended_us is None:
             return None
         return max(0.0, (self.ended_us - self.started_us) / 1e6)

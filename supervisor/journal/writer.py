@@ -79,24 +79,32 @@ class EntryFactory:
     hostname: str = field(default_factory=socket.gethostname)
     seqnum_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     clock_us: int = field(default_factory=lambda: int(time.time() * 1e6))
+    monotonic_us: int = 0
     seqnum: int = 0
 
     def entry(self, fields: Mapping[str, FieldValue], *, now_us: int | None = None) -> bytes:
         """Export bytes for one entry with journald's trusted fields filled in.
 
         `now_us` (or the entry's own `__REALTIME_TIMESTAMP`) moves the clock forward; it never
-        goes back, as journald's does not within one file.
+        goes back, as journald's does not within one file. The monotonic clock moves as much,
+        unless the entry gives its own `__MONOTONIC_TIMESTAMP` (a wall clock that stepped).
         """
         self.seqnum += 1
         stamp = fields.get("__REALTIME_TIMESTAMP")
         wanted = now_us if now_us is not None else int(stamp) if stamp is not None else 0
+        before = self.clock_us
         self.clock_us = max(self.clock_us + 1, wanted)
+        monotonic = fields.get("__MONOTONIC_TIMESTAMP")
+        if monotonic is not None:
+            self.monotonic_us = max(self.monotonic_us + 1, int(monotonic))
+        else:
+            self.monotonic_us += self.clock_us - before
         boot = str(fields.get("_BOOT_ID", self.boot_id))
         head: dict[str, FieldValue] = {
             "__CURSOR": f"s={self.seqnum_id};i={self.seqnum:x};b={boot};"
-            f"m={self.seqnum:x};t={self.clock_us:x};x=0",
+            f"m={self.monotonic_us:x};t={self.clock_us:x};x=0",
             "__REALTIME_TIMESTAMP": self.clock_us,
-            "__MONOTONIC_TIMESTAMP": self.seqnum,
+            "__MONOTONIC_TIMESTAMP": self.monotonic_us,
             "_BOOT_ID": boot,
             "_MACHINE_ID": self.machine_id,
             "_HOSTNAME": self.hostname,

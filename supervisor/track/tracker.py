@@ -38,6 +38,7 @@ import re2
 
 from ..config import TrackerConfig
 from ..environment.serving import is_serving_line
+from ..journal.cursor import monotonic_seconds_between
 from ..model import (
     Ending,
     Invocation,
@@ -185,6 +186,7 @@ class _Builder:
     read_deadline: float | None = None  # the same, in the reader's clock (a quiet journal)
     end_read: float | None = None  # when its end was read (reader's clock)
     last_cursor: str | None = None
+    end_cursor: str | None = None  # PID 1's entry that ended it
     last_us: int = 0
     pids: set[int] = field(default_factory=set)
     _after_frame: set[int | None] = field(default_factory=set)
@@ -260,7 +262,9 @@ class _Builder:
             for _, text, pid, prio, ts in rows
         )
         ended = self.ended_us if self.ended_us is not None else self.last_us or None
+        end_cursor = self.end_cursor or self.last_cursor
         return Invocation(
+            ran_monotonic_s=monotonic_seconds_between(self.first_cursor, end_cursor),
             unit=self.unit,
             invocation_id=self.invocation_id,
             lines=lines,
@@ -483,6 +487,7 @@ class InvocationTracker:
         event = entry.message_id
         builder.result = result or ("success" if event == _DEACTIVATED else builder.result)
         builder.ended_us = entry.realtime_us
+        builder.end_cursor = entry.cursor
         if event == _SKIPPED:
             builder.ending = Ending.SKIPPED
         elif builder.control_killed and not builder.main_started:
