@@ -279,10 +279,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"warning: the webhook URL was not checked: {exc.strerror}", file=sys.stderr)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(f"config ok: units: {units}; {len(table.signatures)} signatures")
-    from .commands.setup import missing_drop_ins
+    from .commands.setup import alias_note, ask_systemd, missing_drop_ins
 
+    # Where systemd cannot be asked (no bus here), names are checked as configured.
+    aliases = ask_systemd([u.name for u in config.units]).aliases
+    for alias, real in aliases.items():
+        print(f"warning: {alias_note(alias, real)}", file=sys.stderr)
     try:
-        missing = missing_drop_ins(config)
+        missing = missing_drop_ins(config, real_names=aliases)
     except OSError as exc:
         print(f"warning: the gate drop-ins were not checked: {exc.strerror}", file=sys.stderr)
         missing = []

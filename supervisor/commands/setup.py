@@ -81,16 +81,19 @@ def planned_files(
     config_path: Path,
     program: str,
     interpreters: Mapping[str, str] | None = None,
+    real_names: Mapping[str, str] | None = None,
 ) -> list[InstalledFile]:
     """Every file setup installs for `config`, with its final text.
 
     `interpreters` (unit → the Python its ExecStart= runs) adds to the units' configured
     `python`; one under /home or /tmp gets its environment bound read-only into the daemon's
-    sandbox, so drift can probe it."""
+    sandbox, so drift can probe it. `real_names` (alias → the unit's real name): the gate and
+    the polkit rule are for the real unit (systemd asks polkit about its real name, and
+    applies an alias's drop-ins only while the alias link exists)."""
     if not config.units:
         raise ConfigError(f"{config_path}: no [[unit]] to supervise: list the served units first")
     flag = f" --config {config_path}"
-    units = [u.name for u in config.units]
+    units = list(dict.fromkeys((real_names or {}).get(u.name, u.name) for u in config.units))
     files = [
         InstalledFile(
             DAEMON_UNIT_FILE,
@@ -142,38 +145,41 @@ class SystemdFacts:
     interpreters: dict[str, str] = field(default_factory=dict)
     not_found: tuple[str, ...] = ()
     trouble: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)  # configured alias → real name
 
 
 def ask_systemd(units: Sequence[str], *, exec_start_of: Iterable[str] = ()) -> SystemdFacts:
-    """Which of `units` systemd does not know, and the Python each of `exec_start_of` runs
-    (its ExecStart=; units without one, or that systemd cannot say, are left out), over one
-    bus connection."""
+    """Which of `units` systemd does not know, which are aliases (and of which unit), and the
+    Python each of `exec_start_of` runs (its ExecStart=; units without one, or that systemd
+    cannot say, are left out), over one bus connection."""
     wanted = set(exec_start_of)
 
-    async def question(client: SystemdClient) -> tuple[dict[str, list[str]], list[str]]:
-        argvs, not_found = {}, []
+    async def question(client: SystemdClient) -> SystemdFacts:
+        argvs: dict[str, list[str]] = {}
+        not_found, aliases = [], {}
         for unit in units:
             try:
-                await client.unit_state(unit)
+                real, _ = await client.unit_names(unit)
             except SystemdError as exc:
                 if exc.reason != "no_such_unit":
                     raise
                 not_found.append(unit)
                 continue
+            if real != unit:
+                aliases[unit] = real
             if unit in wanted:
                 with contextlib.suppress(SystemdError):
                     argvs[unit] = await client.exec_start(unit)
-        return argvs, not_found
+        pythons = {unit: interpreter_from_exec_start(argv) for unit, argv in argvs.items() if argv}
+        found = {unit: str(python) for unit, python in pythons.items() if python is not None}
+        return SystemdFacts(interpreters=found, not_found=tuple(not_found), aliases=aliases)
 
     if not units:
         return SystemdFacts()
     try:
-        by_unit, not_found = ask_once(question, timeout_s=SYSTEMD_TIMEOUT_S)
+        return ask_once(question, timeout_s=SYSTEMD_TIMEOUT_S)
     except (SystemdError, OSError, TimeoutError) as exc:
         return SystemdFacts(trouble=str(exc) or type(exc).__name__)
-    pythons = {unit: interpreter_from_exec_start(argv) for unit, argv in by_unit.items() if argv}
-    found = {unit: str(python) for unit, python in pythons.items() if python is not None}
-    return SystemdFacts(interpreters=found, not_found=tuple(not_found))
 
 
 def drop_in(unit: str) -> Path:
@@ -250,6 +256,8 @@ class Plan:
     changed: list[InstalledFile]  # those to write
     credential: InstalledFile | None  # the credential file, when it is missing
     warnings: list[str]
+    stale: list[Path] = field(default_factory=list)  # setup's own gates of aliases, to remove
+    supervised: tuple[str, ...] = ()  # the units' real names
 
 
 def plan(config: Config, *, config_path: Path, program: str) -> Plan:
@@ -264,14 +272,22 @@ def plan(config: Config, *, config_path: Path, program: str) -> Plan:
     names = [u.name for u in config.units]
     facts = ask_systemd(names, exec_start_of=[u.name for u in config.units if not u.python])
     files = planned_files(
-        config, config_path=config_path, program=program, interpreters=facts.interpreters
+        config,
+        config_path=config_path,
+        program=program,
+        interpreters=facts.interpreters,
+        real_names=facts.aliases,
     )
     _refuse(targets_problem([*(f.path for f in files), CREDENTIAL_FILE], top=TRUST_TOP))
     credential = None  # LoadCredential= fails the unit without it; empty = Slack off
     if not CREDENTIAL_FILE.exists() and not CREDENTIAL_FILE.is_symlink():
         credential = InstalledFile(CREDENTIAL_FILE, "", mode=0o600)
     warnings = config_warnings(config, config_path, facts)
-    return Plan(files, _changed(files), credential, warnings)
+    # A gate an earlier setup wrote under an alias's name: systemd would apply it too (while
+    # the alias link exists), beside the one now written for the real unit.
+    stale = [drop_in(alias) for alias in facts.aliases if _is_ours(drop_in(alias))]
+    supervised = tuple(dict.fromkeys(facts.aliases.get(n, n) for n in names))
+    return Plan(files, _changed(files), credential, warnings, stale, supervised)
 
 
 def install(
@@ -291,6 +307,9 @@ def install(
     _write_all_or_nothing(checked.changed + ([checked.credential] if checked.credential else []))
     for file in checked.files:
         out.write(f"{'wrote    ' if file in checked.changed else 'unchanged'} {file.path}\n")
+    for path in checked.stale:
+        _remove_drop_in(path)
+        out.write(f"removed   {path} (an alias's: the gate is now the real unit's)\n")
     if checked.credential is not None:
         path = checked.credential.path
         out.write(f"created   {path} (empty: Slack off; put the webhook URL in it)\n")
@@ -303,7 +322,7 @@ def install(
         verb = "restart" if checked.changed else "start"
         _must(run, "systemctl", verb, DAEMON_UNIT)
         out.write(f"{verb}ed  {DAEMON_UNIT}\n")
-    units = ", ".join(u.name for u in config.units)
+    units = ", ".join(checked.supervised)
     out.write(f"setup done: {len(checked.changed)} file(s) changed; supervising {units}\n")
     return 0
 
@@ -357,11 +376,8 @@ def uninstall(config: Config, *, purge: bool = False, out: TextIO, run: Run = _c
     candidates += sorted(UNIT_DIR.glob(f"*.d/{DROP_IN}"))  # units dropped from the config
     for path in dict.fromkeys(candidates):
         if path.exists() and _is_ours(path):
-            path.unlink()
+            _remove_drop_in(path)
             out.write(f"removed   {path}\n")
-            if path.parent.name.endswith(".d"):
-                with contextlib.suppress(OSError):
-                    path.parent.rmdir()  # the drop-in directory, when nothing else is in it
     if purge:
         for directory in (config.state.state_dir, config.state.runtime_dir):
             if directory in (DEFAULT_STATE_DIR, DEFAULT_RUNTIME_DIR) and directory.exists():
@@ -376,6 +392,14 @@ def uninstall(config: Config, *, purge: bool = False, out: TextIO, run: Run = _c
     return 0
 
 
+def _remove_drop_in(path: Path) -> None:
+    """Remove a file setup wrote, and its drop-in directory when nothing else is in it."""
+    path.unlink()
+    if path.parent.name.endswith(".d"):
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
 def print_files(config: Config, *, config_path: Path, program: str, out: TextIO) -> int:
     """Show every file setup would write, and change nothing."""
     for file in planned_files(config, config_path=config_path, program=program):
@@ -383,12 +407,16 @@ def print_files(config: Config, *, config_path: Path, program: str, out: TextIO)
     return 0
 
 
-def missing_drop_ins(config: Config, root: Path = Path("/")) -> list[str]:
-    """Configured units without the gate drop-in in any systemd unit directory (check-config)."""
+def missing_drop_ins(
+    config: Config, root: Path = Path("/"), real_names: Mapping[str, str] | None = None
+) -> list[str]:
+    """Configured units without the gate drop-in in any systemd unit directory (check-config);
+    for an alias in `real_names`, the drop-in of the unit it names."""
     directories = ("etc/systemd/system", "run/systemd/system", "usr/lib/systemd/system")
     missing = []
     for unit in config.units:
-        found = any((root / d / f"{unit.name}.d" / DROP_IN).exists() for d in directories)
+        name = (real_names or {}).get(unit.name, unit.name)
+        found = any((root / d / f"{name}.d" / DROP_IN).exists() for d in directories)
         if not found:
             missing.append(unit.name)
     return missing
@@ -527,6 +555,7 @@ def config_warnings(config: Config, config_path: Path, facts: SystemdFacts) -> l
             f" anyone on this host can post to the channel; put the URL in {CREDENTIAL_FILE}"
             " (root's, handed to the daemon as a credential) and remove it from the config"
         )
+    warnings += [alias_note(alias, real) for alias, real in facts.aliases.items()]
     warnings += [
         f"systemd knows no unit {unit} (LoadState=not-found): the gate is installed but"
         f" nothing runs it; check the [[unit]] name in {config_path}"
@@ -538,3 +567,12 @@ def config_warnings(config: Config, config_path: Path, facts: SystemdFacts) -> l
             " whether it knows them, nor which Python their ExecStart= runs"
         )
     return warnings
+
+
+def alias_note(alias: str, real: str) -> str:
+    """What setup and check-config say of a configured name that is an alias."""
+    return (
+        f"{alias} is an alias of {real}: the supervisor follows, gates and stops {real}"
+        f" (its gate drop-in belongs in {real}.d/ and the polkit rule must name {real});"
+        f" name {real} in [[unit]] to say what runs"
+    )
