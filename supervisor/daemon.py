@@ -122,6 +122,7 @@ class Daemon:
         # committed, so a commit never saves a cursor past outcomes not yet recorded.
         self.lock = asyncio.Lock()
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
+        self._remain: set[asyncio.Task[None]] = set()  # looks for RemainAfterExit= ends
         self._progress = asyncio.Event()  # replaced (after being set) at each handled batch
         self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
         self._cursor_behind = asyncio.Event()  # set when a batch left its cursor uncommitted
@@ -386,10 +387,44 @@ class Daemon:
 
     def unit_changed(self, unit: str) -> None:
         """systemd announced a state change of `unit`: read the journal now and a few times
-        soon after (timers only, no task), instead of at journald's next notification."""
+        soon after (timers only), instead of at journald's next notification; and see whether
+        its server is gone with the unit left active."""
         loop = asyncio.get_running_loop()
         for delay in LOOK_AFTER_CHANGE_S:
             loop.call_later(delay, self.reader.kick)
+        # One look per announcement: a look already under way may have read the state from
+        # before this change.
+        task = asyncio.create_task(self._end_if_remaining(unit))
+        self._remain.add(task)
+        task.add_done_callback(self._remain.discard)
+
+    async def _end_if_remaining(self, unit: str) -> None:
+        """Under `RemainAfterExit=yes` a server that exits leaves its unit active/exited, and
+        PID 1 logs a clean exit only at debug level: nothing in the journal ends the run. So
+        systemd's state ends it (the open run is the unit's invocation, no process left),
+        once its last lines had `settle_s` to arrive; it is then decided like any run."""
+        if self.actor is None:
+            return
+        state = await self.actor.state(unit)
+        if state is None or (state.active_state, state.sub_state) != ("active", "exited"):
+            return
+        await asyncio.sleep(self.config.tracker.settle_s)  # journald's late lines, not a sync
+        await self.reader.sync(self.config.tracker.settle_s)
+        async with self.lock:
+            if not self.is_open(unit, state.invocation_id or None):
+                return
+            invocation = self.pipeline.tracker.close(
+                unit, self.machine_id, state.invocation_id or None, Ending.EXITED
+            )
+            if invocation is None:
+                return
+            invocation = dataclasses.replace(
+                invocation,
+                end_message="its main process exited; the unit stays active (exited) "
+                "under RemainAfterExit=yes",
+            )
+            log.warning("server_exited_unit_remains", unit=unit, action="decided as ended")
+            await self.handle_outcomes([self.pipeline.decide(invocation)])
 
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""

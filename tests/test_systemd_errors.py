@@ -275,6 +275,31 @@ class TestHalter:
         assert record is not None and record["invocation_id"] == FAKE_INVOCATION
         assert fake_systemd[0].stops == []
 
+    async def test_a_transient_crash_under_remain_after_exit_is_restarted_here(
+        self,
+        tmp_path: Path,
+        client: SystemdClient,
+        fake_systemd: tuple[FakeManager, FakeUnit],
+    ) -> None:
+        """Active/exited with no process (RemainAfterExit=yes): systemd will not restart a unit
+        it sees as active, so the supervisor does, where it would leave systemd to it."""
+        fake_systemd[1].active, fake_systemd[1].sub = "active", "exited"
+        actor = Actor(
+            Halter(Quarantine(tmp_path / "q"), client, attempts=3, timeout_s=1),
+            client,
+            Metrics(new_registry(process=False)),
+        )
+        transient = dataclasses.replace(
+            outcome(invocation_id=FAKE_INVOCATION),
+            decision=Decision(action=Action.ALLOW_RESTART, reason="transient crash"),
+        )
+        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
+        recorded = await actor.carry_out(transient, here)
+        # This bus refuses RestartUnit (DENY_RESTART): the attempt, not "systemd restarts it".
+        assert recorded.taken is Taken.RESTART_FAILED, recorded.taken_detail
+        assert recorded.taken_detail.startswith("could not restart it (its server exited")
+        assert "RemainAfterExit" in recorded.taken_detail
+
     async def test_unreachable_bus_still_quarantines(self, tmp_path: Path) -> None:
         """Without a bus the record is written and the error is reported after retries."""
         q = Quarantine(tmp_path / "q")

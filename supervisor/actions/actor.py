@@ -161,6 +161,8 @@ class Actor:
         invocation = outcome.invocation
         if invocation.ending is Ending.HUNG and judgement.presence is Presence.CURRENT:
             why = "its engine died while the unit stayed up"
+        elif judgement.remains:
+            why = "its server exited, the unit stays active (RemainAfterExit=): nothing restarts it"
         elif judgement.presence is Presence.DOWN and invocation.result == "success":
             why = "it exited 0 after crashing, so systemd will not restart it"
         elif judgement.presence is Presence.DOWN:
@@ -177,6 +179,10 @@ class Actor:
             log.error("restart_failed", unit=unit, reason=exc.reason, error=str(exc))
             return _taken(outcome, Taken.RESTART_FAILED, f"could not restart it ({why}): {exc}")
         return _taken(outcome, Taken.RESTARTED, f"restarted it: {why}")
+
+    async def state(self, unit: str) -> UnitState | None:
+        """systemd's view of the unit, or None when it cannot be asked."""
+        return await self._state(unit)
 
     async def _state(self, unit: str) -> UnitState | None:
         """systemd's view of the unit, or None when it cannot be asked (journal alone)."""

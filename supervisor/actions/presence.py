@@ -43,6 +43,8 @@ class Judgement:
     confirmed: bool
     running: bool = False  # the unit runs a process now (StopUnit or RestartUnit needed)
     gating: bool = False  # its next start's ExecCondition= (the gate) runs right now
+    # Active with no process left (RemainAfterExit=yes): systemd will not restart it.
+    remains: bool = False
 
     @property
     def actable(self) -> bool:
@@ -79,6 +81,14 @@ def judge(invocation: Invocation, state: UnitState | None, here: Here) -> Judgem
                 reason="systemd is about to restart it (auto-restart)",
                 confirmed=True,
                 running=True,
+            )
+        if state.active_state == "active" and state.sub_state == "exited":
+            return Judgement(
+                presence=Presence.CURRENT,
+                reason="its server exited, but the unit stays active/exited (RemainAfterExit=)",
+                confirmed=True,
+                running=True,
+                remains=True,
             )
         if state.active_state in ("active", "activating", "reloading", "deactivating"):
             return Judgement(
