@@ -83,15 +83,16 @@ class TestSystemdMechanism:
         )
 
 
-def test_supervisor_unit_exposure_is_at_most_2(container: Container) -> None:
-    """`systemd-analyze security` rates the shipped unit, as installed, 2.0 or better."""
+def test_supervisor_unit_exposure_is_at_most_1_7(container: Container) -> None:
+    """`systemd-analyze security` rates the shipped unit, as installed, 1.7 or better (what it
+    measured after ExecReload=check-config and RestartPreventExitStatus=2 were added)."""
     out = container.run(
         "systemd-analyze", "security", "--no-pager", "vllm-supervisor.service"
     ).stdout
     [line] = [x for x in out.splitlines() if "Overall exposure level" in x]
     score = float(line.split(":")[1].split()[0])
     print(f"\n{line.strip()}")
-    assert score <= 2.0, out[-3000:]
+    assert score <= 1.7, out[-3000:]
 
 
 class TestSupervisorHalts:
