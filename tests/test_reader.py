@@ -17,6 +17,7 @@ import pytest
 from conftest import poll
 
 from vllm_supervisor.errors import JournalError
+from vllm_supervisor.journal.export import CUT_MARKER
 from vllm_supervisor.journal.reader import (
     NATIVE_READER,
     JournalctlReader,
@@ -122,7 +123,8 @@ class TestRealJournal:
     async def test_binary_long_and_bad_fields_are_decoded(
         self, journal_dir: Path, source: str
     ) -> None:
-        """\\r, non-UTF-8, NUL and >4 KiB messages arrive decoded, none lost."""
+        """\\r, non-UTF-8, NUL and >4 KiB messages arrive decoded, none lost; a line over
+        max_line_chars keeps its head and ends in the cut marker."""
         inv = "a" * 32
         special = [b"bar 1%\rbar 99%", b"\xff\xfe\xfd", b"nul\x00inside", b"L" * 70_000]
         with JournalWriter(journal_dir) as writer:
@@ -135,7 +137,7 @@ class TestRealJournal:
         assert messages[0] == "bar 99%"
         assert messages[1] == "\ufffd\ufffd\ufffd"
         assert messages[2] == "nul\\x00inside"
-        assert messages[3] == "L" * 16384
+        assert messages[3] == "L" * (16384 - len(CUT_MARKER)) + CUT_MARKER
 
     async def test_follow_kill_and_resume_loses_and_repeats_nothing(
         self, journal_dir: Path, source: str, writer: JournalWriter

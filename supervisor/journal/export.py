@@ -56,6 +56,8 @@ LINE_FIELDS = (
 )
 # What journalctl is asked for (--output-fields); __CURSOR and the timestamps always come.
 OUTPUT_FIELDS = (b"MESSAGE", *LINE_FIELDS)
+CUT_MARKER = "…[cut]"
+"""The end of a MESSAGE cut to `max_line_chars` characters (what was cut is not kept)."""
 _LENGTH_BYTES = 8
 
 
@@ -357,9 +359,11 @@ def message_text(raw: bytes, max_chars: int) -> str:
     """The printable text of a MESSAGE: bounded, decoded leniently, as a terminal would show it.
 
     A tqdm bar rewrites its line with `\\r`; only the last state is what a person saw. The cut
-    happens on bytes first so a 1 MB line costs one slice, not a decode of the whole line.
+    happens on bytes first so a 1 MB line costs one slice, not a decode of the whole line. A cut
+    message keeps its head and ends in CUT_MARKER, within `max_chars`.
     """
-    if len(raw) > max_chars * 4:
+    cut = len(raw) > max_chars * 4  # the reader child cuts at a threshold above this (reader.py)
+    if cut:
         raw = raw[: max_chars * 4]
     text = raw.decode("utf-8", "replace")
     if "\r" in text:
@@ -367,7 +371,9 @@ def message_text(raw: bytes, max_chars: int) -> str:
         text = text.rsplit("\r", 1)[-1]
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
-    return text[:max_chars]
+    if cut or len(text) > max_chars:
+        return (text[: max(0, max_chars - len(CUT_MARKER))] + CUT_MARKER)[:max_chars]
+    return text
 
 
 def decode_all(entries: Iterable[Fields], *, max_chars: int = 16384) -> list[JournalEntry]:

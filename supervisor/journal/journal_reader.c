@@ -11,12 +11,22 @@
  * --output-fields): each entry's data is enumerated once and only the wanted fields are written
  * (journalctl 252 looks every --output-fields name up per entry), there is no per-field
  * printability check, and output goes through one large buffer.
+ *
+ * Its memory stays bounded whatever the journal holds (any local user can log a native entry of
+ * hundreds of MiB). libsystemd 252 decompresses a field whole, whatever
+ * sd_journal_set_data_threshold() says, into a buffer of the journal file it came from, which
+ * keeps the largest size it ever held until the file is closed; and it maps a large object whole.
+ * A backlog of 16 MiB entries over 20 journal files left this program holding 336 MiB. So values
+ * are cut to the data threshold here (the caller never needs more), and once oversized fields
+ * were read the journal is closed and opened again at the same entry, which frees all of that.
+ * One oversized field at a time is the peak.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -33,6 +43,14 @@
 /* A run of entries of other units is summarised by one cursor-only record at most this often,
  * so the caller's checkpoint keeps moving on a journal busy with other units. */
 #define SKIPPED_CURSOR_EVERY 4096
+/* Once the fields over the data threshold read since the journal was opened add up to this
+ * many bytes, it is opened again (see the top of this file); and at the end of every pass that
+ * read any. Small enough that a backlog holds at most one such buffer next to the one in use. */
+#define REOPEN_AFTER_BYTES (16u << 20)
+/* The allocator's default point above which a block gets pages of its own, made fixed: glibc
+ * raises it to the size of each such block freed (up to 32 MiB), after which a freed 16 MiB
+ * buffer stays in the heap instead of going back to the kernel. */
+#define OWN_PAGES_FROM (128 * 1024)
 
 typedef struct {
     char buf[OUT_SIZE];
@@ -135,6 +153,7 @@ typedef struct {
     int filter_units; /* match the units on the fields here (following) */
     int lines;        /* the lean framing (see write_lines) instead of export format */
     int message;      /* the index of MESSAGE in fields, or -1 */
+    size_t max_value; /* a value is cut to this many bytes (the data threshold); 0: never */
 } Selection;
 
 typedef struct {
@@ -158,13 +177,13 @@ static int buf_put(Buf *b, const void *data, size_t size) {
     return 0;
 }
 
-/* One FIELD=VALUE item as export format writes it: text, or binary when it holds a newline. */
-static int put_field(Buf *b, const char *item, size_t size, size_t name_len) {
+/* One FIELD=VALUE item as export format writes it: text, or binary when it holds a newline.
+ * The value is `value_len` bytes long (a cut one is shorter than the item's). */
+static int put_field(Buf *b, const char *item, size_t value_len, size_t name_len) {
     const char *value = item + name_len + 1;
-    size_t value_len = size - name_len - 1;
     int r;
     if (memchr(value, '\n', value_len) == NULL) {
-        r = buf_put(b, item, size);
+        r = buf_put(b, item, name_len + 1 + value_len);
         return r < 0 ? r : buf_put(b, "\n", 1);
     }
     unsigned char length[8];
@@ -224,8 +243,10 @@ static int write_lines(Out *out, Buf *entry, sd_journal *j, const Selection *sel
 
 /* Write the current entry; 1 when written, 0 when it is not about the units, <0 on error.
  * Data returned by libsystemd is only valid until the next call, so each wanted field is copied
- * into `entry` at once; the entry reaches the output only if it is about the units. */
-static int write_entry(Out *out, Buf *entry, sd_journal *j, const Selection *sel) {
+ * into `entry` at once (cut to sel->max_value bytes); the entry reaches the output only if it is
+ * about the units. The sizes of the fields over sel->max_value are added to *oversized. */
+static int write_entry(Out *out, Buf *entry, sd_journal *j, const Selection *sel,
+                       size_t *oversized) {
     const void *data;
     size_t size;
     int matched = !sel->filter_units;
@@ -236,18 +257,23 @@ static int write_entry(Out *out, Buf *entry, sd_journal *j, const Selection *sel
     for (size_t i = 0; i < sel->n_fields; i++)
         offsets[i] = lengths[i] = 0;
     while ((r = sd_journal_enumerate_available_data(j, &data, &size)) > 0) {
+        if (sel->max_value > 0 && size > sel->max_value)
+            *oversized += size;
         size_t name_len;
         int index = wanted(sel->fields, sel->n_fields, data, size, &name_len);
         if (index < 0)
             continue;
         if (!matched && about(sel->units, sel->n_units, data, size, name_len))
             matched = 1;
+        size_t value_len = size - name_len - 1;
+        if (sel->max_value > 0 && value_len > sel->max_value)
+            value_len = sel->max_value;
         if (sel->lines) { /* the value only; a repeated field keeps its last value */
             offsets[index] = entry->len;
-            lengths[index] = size - name_len - 1;
-            r = buf_put(entry, (const char *)data + name_len + 1, lengths[index]);
+            lengths[index] = value_len;
+            r = buf_put(entry, (const char *)data + name_len + 1, value_len);
         } else
-            r = put_field(entry, data, size, name_len);
+            r = put_field(entry, data, value_len, name_len);
         if (r < 0)
             return r;
     }
@@ -377,6 +403,16 @@ static int fail(const char *what, int r) {
     return 1;
 }
 
+typedef struct {
+    const char *directory;
+    const char *files[MAX_FIELDS + 1]; /* NULL-terminated */
+    size_t n_files;
+    const char *cursor;
+    const char *start;
+    long data_threshold;
+    long linger_ms;
+} Options;
+
 static int open_journal(sd_journal **j, const char *directory, const char **files) {
     if (files[0] != NULL)
         return sd_journal_open_files(j, files, 0);
@@ -409,12 +445,59 @@ static int position(sd_journal *j, const char *cursor, const char *start) {
 
 typedef struct {
     sd_journal *j;
+    Options *options; /* what to open, again at each reopen */
     Out *out;
     Buf entry;
     Selection sel;
     int follow;
     uint64_t linger_us;
+    size_t oversized; /* bytes of fields over the data threshold read since the journal opened */
 } Run;
+
+/* Open the journal the options name, as selected: the data threshold, the unit matches when
+ * reading once; when following, its inotify watch at once, so that no change after the open is
+ * missed. 0, or 1 with a message naming what failed. */
+static int open_selected(Run *run) {
+    Options *o = run->options;
+    int r = open_journal(&run->j, o->directory, o->files);
+    if (r < 0)
+        return fail("Failed to open journal", r);
+    /* Only sd_journal_enumerate_unique() honours it on 252; write_entry cuts the values. */
+    if (o->data_threshold > 0 &&
+        (r = sd_journal_set_data_threshold(run->j, (size_t)o->data_threshold)) < 0)
+        return fail("Failed to set data threshold", r);
+    if (run->sel.n_units > 0 && !run->follow && (r = add_unit_matches(run->j, &run->sel)) < 0)
+        return fail("Failed to add unit matches", r);
+    if (run->follow && (r = sd_journal_get_fd(run->j)) < 0)
+        return fail("Failed to watch journal", r);
+    run->oversized = 0;
+    return 0;
+}
+
+/* Close the journal and open it again on the current entry (see the top of this file), so that
+ * the next sd_journal_next() returns the entry after it; if the current entry went away in
+ * between (vacuumed), the first entry after it. 0, or 1 with a message. */
+static int reopen(Run *run) {
+    char *cursor = NULL;
+    int r = sd_journal_get_cursor(run->j, &cursor);
+    if (r < 0)
+        return fail("Failed to reopen journal", r);
+    sd_journal_close(run->j);
+    run->j = NULL;
+    (void)malloc_trim(0); /* the freed heap too, not only the blocks with pages of their own */
+    int status = open_selected(run);
+    if (status == 0 && (r = sd_journal_seek_cursor(run->j, cursor)) >= 0 &&
+        (r = sd_journal_next(run->j)) > 0 && (r = sd_journal_test_cursor(run->j, cursor)) == 0) {
+        /* On the entry after the vacuumed one: step back, so that it is the next one read. */
+        r = sd_journal_previous(run->j);
+        if (r == 0) /* nothing before it: it is the journal's first entry */
+            r = sd_journal_seek_head(run->j);
+    }
+    free(cursor);
+    if (status == 0 && r < 0)
+        status = fail("Failed to reopen journal", r);
+    return status;
+}
 
 static int cursor_record(Run *run) {
     /* A cursor-only record: the checkpoint moves past entries nobody asked for. */
@@ -456,7 +539,7 @@ static int stream_loop(Run *run, int first_is_cursor) {
         if (r < 0)
             return fail("Failed to iterate through journal", r);
         if (r > 0) {
-            r = write_entry(run->out, &run->entry, run->j, &run->sel);
+            r = write_entry(run->out, &run->entry, run->j, &run->sel, &run->oversized);
             /* The entry a cursor seek lands on is always reported, if only by its cursor, so the
              * parent sees whether the saved entry is still there. */
             long every = first_is_cursor ? 1 : SKIPPED_CURSOR_EVERY;
@@ -467,6 +550,8 @@ static int stream_loop(Run *run, int first_is_cursor) {
                 skipped = 0, written++;
             if (r < 0)
                 return r == -EPIPE ? 0 : fail("Failed to write entry", r);
+            if (run->oversized >= REOPEN_AFTER_BYTES && reopen(run) != 0)
+                return 1;
             continue;
         }
         if (skipped > 0 && (r = cursor_record(run)) < 0)
@@ -480,6 +565,12 @@ static int stream_loop(Run *run, int first_is_cursor) {
             return r == -EPIPE ? 0 : fail("Failed to write", r);
         if (!run->follow)
             return 0;
+        if (run->oversized > 0) {
+            /* Give the memory back before waiting, and read what came during the reopen. */
+            if (reopen(run) != 0)
+                return 1;
+            continue;
+        }
         int lingering = written > 0 && run->linger_us > 0;
         written = 0;
         if (sync_wanted == 0) {
@@ -505,22 +596,13 @@ static int stream_last(Run *run) {
     if (r > 0) {
         Selection all = run->sel;
         all.filter_units = 0;
-        if ((r = write_entry(run->out, &run->entry, run->j, &all)) < 0 ||
+        size_t oversized = 0; /* the program ends after this one entry */
+        if ((r = write_entry(run->out, &run->entry, run->j, &all, &oversized)) < 0 ||
             (r = out_flush(run->out)) < 0)
             return fail("Failed to write entry", r);
     }
     return 0;
 }
-
-typedef struct {
-    const char *directory;
-    const char *files[MAX_FIELDS + 1]; /* NULL-terminated */
-    size_t n_files;
-    const char *cursor;
-    const char *start;
-    long data_threshold;
-    long linger_ms;
-} Options;
 
 static const char USAGE[] =
     "usage: vllm-supervisor-journal-reader [--directory DIR] [--file PATH]... [--unit UNIT]...\n"
@@ -623,15 +705,16 @@ int main(int argc, char **argv) {
      * write path turns into exit 0 (the interpreter that used to run this ignored it too). */
     signal(SIGPIPE, SIG_IGN);
     Options o = {.start = "head"};
-    Run run = {.out = &out, .entry = {NULL, 0, 0}};
+    Run run = {.out = &out, .options = &o, .entry = {NULL, 0, 0}};
     int status = parse_options(argc, argv, &o, &run);
     if (status != 0)
         return status;
+    (void)mallopt(M_MMAP_THRESHOLD, OWN_PAGES_FROM);
     run.linger_us = (uint64_t)o.linger_ms * 1000;
+    run.sel.max_value = (size_t)o.data_threshold;
     /* Following: match the units on the fields read, not with sd_journal_add_match (what
      * journalctl --unit --follow does, and misses units that had no entry yet on 252). */
-    int match_units = run.sel.n_units > 0;
-    run.sel.filter_units = run.follow && match_units;
+    run.sel.filter_units = run.follow && run.sel.n_units > 0;
     run.sel.message = -1;
     for (size_t i = 0; i < run.sel.n_fields; i++)
         if (run.sel.fields[i].len == 7 && memcmp(run.sel.fields[i].name, "MESSAGE", 7) == 0)
@@ -644,14 +727,7 @@ int main(int argc, char **argv) {
     /* A pipe holds 64 KiB by default: the reader would stop every 64 KiB to wait for the parent.
      * With OUT_SIZE it can run a whole buffer ahead (best effort: a plain file is fine too). */
     (void)fcntl(STDOUT_FILENO, F_SETPIPE_SZ, OUT_SIZE);
-    int r = open_journal(&run.j, o.directory, o.files);
-    if (r < 0)
-        status = fail("Failed to open journal", r);
-    if (status == 0 && o.data_threshold > 0 &&
-        (r = sd_journal_set_data_threshold(run.j, (size_t)o.data_threshold)) < 0)
-        status = fail("Failed to set data threshold", r);
-    if (status == 0 && match_units && !run.follow && (r = add_unit_matches(run.j, &run.sel)) < 0)
-        status = fail("Failed to add unit matches", r);
+    status = open_selected(&run);
     if (status == 0)
         status = position(run.j, o.cursor, o.start);
     if (status == 0)

@@ -121,7 +121,8 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     """
     argv = [os.fspath(NATIVE_READER), "--lines"]
     argv += [f"--field={name.decode()}" for name in OUTPUT_FIELDS]
-    # The parser cuts a message to max_line_chars * 4 bytes; libsystemd need not inflate more.
+    # The parser cuts a message to max_line_chars * 4 bytes (and marks it cut); the child cuts
+    # every value at a little more, so that the parser still sees the message was longer.
     argv.append(f"--data-threshold={settings.max_line_chars * 4 + 64}")
     if settings.directory is not None:
         argv.append(f"--directory={settings.directory}")
@@ -388,6 +389,13 @@ class JournalctlReader:
             return None  # the child is exiting; its restart reads from the cursor anyway
         return self._sync_asked
 
+    def memory_bytes(self) -> int | None:
+        """The resident memory of the running child (VmRSS in /proc), or None without one."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return None
+        return resident_bytes(process.pid)
+
     @property
     def can_sync(self) -> bool:
         """Does this reader's child take sync requests (the native one does)?"""
@@ -468,6 +476,19 @@ class _ExportDecoder:
         if self._units:
             raw = [fields for fields in raw if _about(fields, self._units)]
         return decode_all(raw, max_chars=self._max_chars), first, last
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident memory (VmRSS of /proc/PID/status), or None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            with contextlib.suppress(ValueError, IndexError):
+                return int(line.split()[1]) * 1024
+    return None  # a zombie has no VmRSS line
 
 
 def cursor_realtime_us(cursor: str) -> int | None:
