@@ -4,11 +4,17 @@ Seen on systemd 252: an unrelated local user listened on the unit's port during 
 went away; `port_held` quarantined the unit and every start after was refused until a person
 ran `release`. A model on a network mount not there yet at boot (`FileNotFoundError`) that
 appeared 20 s later: halted at the 1st crash, and still halted after the path existed.
+A flashinfer-cubin/flashinfer-python mismatch fixed with `pip install flashinfer-cubin==0.6.4`
+in the unit's venv: the next start was refused all the same, until a person ran `release`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
+import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,15 +22,18 @@ from typing import Any
 
 import pytest
 from corpus_judge import failed_invocation
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_supervisor.actions.amend import amend
 from vllm_supervisor.actions.evidence import changed, evidence_of
-from vllm_supervisor.actions.halt import quarantine_record
+from vllm_supervisor.actions.halt import Halter, quarantine_record
 from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
+from vllm_supervisor.commands.demo import Dist, make_venv, site_packages, write_dist
 from vllm_supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main
+from vllm_supervisor.environment.fingerprint import UnitSettings, take
 from vllm_supervisor.model import Action, Decision, Outcome, Rule
 
 UNIT = "vllm.service"
@@ -139,3 +148,317 @@ def test_no_record_crashes_the_check(record: dict[str, Any]) -> None:
 
 def test_no_outcome_without_evidence_gets_some() -> None:
     assert evidence_of(outcome(["ValueError: bad"], Rule.INFERRED_FATAL)) is None
+
+
+CUBIN_MISMATCH = [
+    "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"
+]
+SERVED: tuple[Dist, ...] = (
+    ("flashinfer-python", "0.6.4", ()),
+    ("flashinfer-cubin", "0.6.3", ()),
+    ("torch", "2.9.0", ()),
+)
+
+
+@pytest.fixture(name="venv")
+def _venv(tmp_path: Path) -> Path:
+    """The served unit's interpreter: a real venv holding flashinfer 0.6.4 with cubin 0.6.3."""
+    return make_venv(tmp_path / "venv", SERVED)
+
+
+def pip_install(python: Path, name: str, old: str, new: str) -> None:
+    """What `pip install name==new` leaves in site-packages: the old dist-info gone, a new one."""
+    site = site_packages(python.parent.parent)
+    shutil.rmtree(site / f"{name.replace('-', '_')}-{old}.dist-info")
+    write_dist(site, name, new)
+
+
+async def halted(tmp_path: Path, python: Path) -> dict[str, Any]:
+    """The record the daemon's halt writes for the flashinfer mismatch (no systemd here: the
+    unit's configured `python` names its interpreter)."""
+    records = Quarantine(tmp_path / "run" / "quarantine")
+    halter = Halter(records, None, attempts=1, timeout_s=1.0, python_of=lambda unit: str(python))
+    result = await halter.halt(UNIT, outcome(CUBIN_MISMATCH, Rule.FATAL_SIGNATURE), stop=False)
+    record = records.read(UNIT)
+    assert result.quarantined is not None and record is not None
+    return record
+
+
+def lifted_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "halt is lifted" in line]
+
+
+def is_quarantined(tmp_path: Path) -> bool:
+    return Quarantine(tmp_path / "run" / "quarantine").is_quarantined(UNIT)
+
+
+class TestEnvironmentChanged:
+    """The venv the unit runs: a package installed since the halt lifts it, nothing else."""
+
+    async def test_a_package_upgrade_lifts_the_halt(self, tmp_path: Path, venv: Path) -> None:
+        """`pip install flashinfer-cubin==0.6.4` after the halt: the next start goes, one line
+        says why, and the record is gone."""
+        record = await halted(tmp_path, venv)
+        site = str(site_packages(tmp_path / "venv"))
+        assert record["environment"]["packages"][site]["flashinfer-cubin"] == "0.6.3"
+        assert gate(tmp_path)[0] == EXIT_QUARANTINED
+        pip_install(venv, "flashinfer-cubin", "0.6.3", "0.6.4")
+        code, text = gate(tmp_path)
+        assert code == EXIT_ALLOW
+        (line,) = lifted_lines(text)
+        assert "flashinfer-cubin 0.6.3 → 0.6.4 since the halt" in line
+        assert not is_quarantined(tmp_path)
+
+    async def test_nothing_changed_stays_refused(self, tmp_path: Path, venv: Path) -> None:
+        await halted(tmp_path, venv)
+        for _ in range(2):
+            code, text = gate(tmp_path)
+            assert code == EXIT_QUARANTINED and not lifted_lines(text)
+        assert is_quarantined(tmp_path)
+
+    async def test_a_package_added_or_removed_lifts_it(self, tmp_path: Path, venv: Path) -> None:
+        await halted(tmp_path, venv)
+        site = site_packages(tmp_path / "venv")
+        write_dist(site, "flashinfer-jit-cache", "0.6.4+cu129")
+        shutil.rmtree(site / "torch-2.9.0.dist-info")
+        code, text = gate(tmp_path)
+        assert code == EXIT_ALLOW
+        (line,) = lifted_lines(text)
+        assert "flashinfer-jit-cache added 0.6.4+cu129" in line
+        assert "torch removed (was 2.9.0)" in line
+
+    async def test_a_venv_gone_at_the_gate_stays_refused(self, tmp_path: Path, venv: Path) -> None:
+        """A venv that cannot be listed now says nothing changed: no start on a guess."""
+        await halted(tmp_path, venv)
+        (tmp_path / "venv").rename(tmp_path / "moved")
+        assert gate(tmp_path)[0] == EXIT_QUARANTINED
+        site = site_packages(tmp_path / "venv")
+        site.mkdir(parents=True)
+        site.rmdir()
+        site.write_text("not a directory\n")  # listing it fails with ENOTDIR, even for root
+        assert gate(tmp_path)[0] == EXIT_QUARANTINED
+
+    async def test_a_venv_unread_at_the_halt_is_not_compared(
+        self, tmp_path: Path, venv: Path
+    ) -> None:
+        """What the halt could not read is not recorded, so no later state of it lifts."""
+        site = site_packages(tmp_path / "venv")
+        aside = site.with_name("aside")
+        site.rename(aside)
+        record = await halted(tmp_path, venv)
+        assert "packages" not in (record["environment"] or {})
+        aside.rename(site)
+        pip_install(venv, "flashinfer-cubin", "0.6.3", "0.6.4")
+        assert gate(tmp_path)[0] == EXIT_QUARANTINED
+
+
+class TestAmend:
+    """The fingerprint is added after the record is in force; a release meanwhile wins."""
+
+    def test_the_record_in_force_gets_it_and_keeps_its_time(self, tmp_path: Path) -> None:
+        records = quarantine(tmp_path, {"invocation_id": "a", "signature": "x"})
+        path = records.path(UNIT)
+        os.utime(path, ns=(1_000_000_000, 2_000_000_000))
+        assert amend(records, UNIT, "a", {"environment": {"nvidia_driver": "550.54"}})
+        assert records.read(UNIT) == {
+            "invocation_id": "a",
+            "signature": "x",
+            "unit": UNIT,
+            "environment": {"nvidia_driver": "550.54"},
+        }
+        assert path.stat().st_mtime_ns == 2_000_000_000
+        assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temp file left
+
+    def test_a_released_record_is_not_brought_back(self, tmp_path: Path) -> None:
+        records = quarantine(tmp_path, {"invocation_id": "a"})
+        records.release(UNIT)
+        assert not amend(records, UNIT, "a", {"environment": {"x": 1}})
+        assert not records.is_quarantined(UNIT)
+        assert list(records.directory.iterdir()) == []
+
+    def test_another_halts_record_is_left_alone(self, tmp_path: Path) -> None:
+        records = quarantine(tmp_path, {"invocation_id": "b"})
+        before = records.path(UNIT).read_bytes()
+        assert not amend(records, UNIT, "a", {"environment": {"x": 1}})
+        assert records.path(UNIT).read_bytes() == before
+
+
+def never_hidden(path: str) -> str | None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitFiles:
+    """A unit file, its drop-in and its environment file, as real files."""
+
+    fragment: Path
+    drop_in: Path
+    env: Path
+
+
+@pytest.fixture(name="files")
+def _files(tmp_path: Path) -> UnitFiles:
+    files = UnitFiles(
+        fragment=tmp_path / "vllm.service",
+        drop_in=tmp_path / "vllm.service.d" / "10-x.conf",
+        env=tmp_path / "vllm.env",
+    )
+    files.drop_in.parent.mkdir()
+    files.fragment.write_text("[Service]\nExecStart=/opt/venv/bin/vllm serve m\n")
+    files.drop_in.write_text(f"[Service]\nEnvironmentFile=-{files.env}\n")
+    files.env.write_text("VLLM_USE_FLASHINFER_SAMPLER=1\n")
+    return files
+
+
+def loaded(files: UnitFiles, **changes: Any) -> UnitSettings:
+    """What systemd reports for the unit of `files` (over D-Bus in the daemon and the gate)."""
+    settings = UnitSettings(
+        exec_start=(("/opt/venv/bin/vllm", "/opt/venv/bin/vllm", "serve", "m"),),
+        environment=("HF_TOKEN=hf_secret_value", "VLLM_LOGGING_LEVEL=INFO"),
+        environment_files=(str(files.env),),
+        unit_files=(str(files.fragment), str(files.drop_in)),
+    )
+    return dataclasses.replace(settings, **changes)
+
+
+def halt_record(settings: UnitSettings) -> dict[str, Any]:
+    return {"environment": take(interpreter=None, settings=settings, hidden=never_hidden)}
+
+
+class TestConfigChanged:
+    """The unit's loaded config (ExecStart=, Environment=, its files) since the halt."""
+
+    def test_unchanged_is_not_lifted(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        assert changed(halt_record(before), unit=UNIT, settings=lambda unit: before) is None
+
+    def test_an_exec_start_change_lifts_it(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        after = loaded(
+            files,
+            exec_start=(("/opt/venv/bin/vllm", "/opt/venv/bin/vllm", "serve", "m", "--eager"),),
+        )
+        what = changed(halt_record(before), unit=UNIT, settings=lambda unit: after)
+        assert what == "ExecStart= changed since the halt"
+
+    def test_an_environment_change_lifts_it_and_no_value_is_kept(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        record = halt_record(before)
+        assert "hf_secret_value" not in json.dumps(record)
+        after = loaded(files, environment=("HF_TOKEN=hf_secret_value",))
+        what = changed(record, unit=UNIT, settings=lambda unit: after)
+        assert what == "Environment= changed since the halt"
+
+    @pytest.mark.parametrize("systemd_answers", [True, False])
+    def test_an_environment_file_edit_lifts_it(
+        self, files: UnitFiles, systemd_answers: bool
+    ) -> None:
+        """Read at each start, the file counts without systemd's word (none: the bus is down)."""
+        before = loaded(files)
+        record = halt_record(before)
+        files.env.write_text("VLLM_USE_FLASHINFER_SAMPLER=0\n")
+        now = before if systemd_answers else None
+        what = changed(record, unit=UNIT, settings=lambda unit: now)
+        assert what == f"{files.env} changed since the halt"
+
+    def test_an_environment_file_created_lifts_it(self, files: UnitFiles) -> None:
+        before = loaded(files, environment_files=(str(files.env.with_name("later.env")),))
+        record = halt_record(before)
+        assert changed(record, unit=UNIT, settings=lambda unit: before) is None
+        files.env.with_name("later.env").write_text("A=1\n")
+        what = changed(record, unit=UNIT, settings=lambda unit: before)
+        assert what == f"{files.env.with_name('later.env')} created since the halt"
+
+    def test_a_missing_file_a_sandbox_may_hide_is_not_recorded_as_missing(
+        self, files: UnitFiles
+    ) -> None:
+        """The daemon's PrivateTmp= hides the host's /tmp: absent for it says nothing."""
+        before = loaded(files, environment_files=(str(files.env.with_name("later.env")),))
+        record = {"environment": take(interpreter=None, settings=before)}  # the daemon's view
+        files.env.with_name("later.env").write_text("A=1\n")
+        assert changed(record, unit=UNIT, settings=lambda unit: before) is None
+
+    def test_a_unit_file_edit_counts_once_systemd_loaded_it(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        record = halt_record(before)
+        files.drop_in.write_text("[Service]\nLimitMEMLOCK=infinity\n")
+        pending = dataclasses.replace(before, needs_reload=True)
+        assert changed(record, unit=UNIT, settings=lambda unit: pending) is None
+        assert changed(record, unit=UNIT, settings=lambda unit: None) is None
+        what = changed(record, unit=UNIT, settings=lambda unit: before)
+        assert what == f"unit file {files.drop_in} changed since the halt"
+
+    def test_a_new_drop_in_lifts_it(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        override = files.drop_in.with_name("override.conf")
+        override.write_text("[Service]\nEnvironment=VLLM_USE_V1=0\n")
+        after = loaded(files, unit_files=(*before.unit_files, str(override)))
+        what = changed(halt_record(before), unit=UNIT, settings=lambda unit: after)
+        assert what == f"unit file {override} added since the halt"
+
+    def test_through_the_gate_an_environment_file_edit_lifts_it(
+        self, tmp_path: Path, files: UnitFiles
+    ) -> None:
+        quarantine(tmp_path, halt_record(loaded(files)))
+        assert gate(tmp_path)[0] == EXIT_QUARANTINED
+        files.env.write_text("VLLM_USE_FLASHINFER_SAMPLER=0\n")
+        code, text = gate(tmp_path)
+        assert code == EXIT_ALLOW
+        (line,) = lifted_lines(text)
+        assert f"the halt is lifted, {files.env} changed since the halt (was: " in line
+
+    def test_unanswered_systemd_compares_only_the_files(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        assert changed(halt_record(before), unit=UNIT, settings=lambda unit: None) is None
+
+    def test_many_changes_fit_one_line(self, files: UnitFiles) -> None:
+        before = loaded(files)
+        added = tuple(str(files.drop_in.with_name(f"{n}.conf")) for n in range(8))
+        after = loaded(files, unit_files=(*before.unit_files, *added))
+        what = changed(halt_record(before), unit=UNIT, settings=lambda unit: after)
+        assert what is not None and "\n" not in what and "and 3 more since the halt" in what
+
+
+FINGERPRINT_PARTS = st.sampled_from(
+    [
+        "packages",
+        "interpreter",
+        "nvidia_driver",
+        "exec_start",
+        "environment",
+        "environment_files",
+        "unit_files",
+    ]
+)
+PATHS = st.sampled_from(["/", "/dev/null", "/proc/self/status", "/nonexistent", "/tmp"]) | st.text(
+    max_size=12
+)
+FINGERPRINTS = st.dictionaries(
+    FINGERPRINT_PARTS,
+    JSON | st.dictionaries(PATHS, JSON | st.dictionaries(st.text(max_size=8), JSON), max_size=3),
+)
+SETTINGS = st.none() | st.builds(
+    UnitSettings,
+    exec_start=st.lists(st.tuples(st.text(max_size=8)), max_size=2).map(tuple),
+    environment=st.lists(st.text(max_size=8), max_size=2).map(tuple),
+    environment_files=st.lists(PATHS, max_size=2).map(tuple),
+    unit_files=st.lists(PATHS, max_size=2).map(tuple),
+    needs_reload=st.booleans(),
+)
+
+
+@given(JSON | FINGERPRINTS, SETTINGS)
+def test_no_fingerprint_crashes_the_check(fingerprint: Any, now: UnitSettings | None) -> None:
+    """Whatever a record's fingerprint holds, and whatever systemd says, the check answers."""
+    result = changed({"environment": fingerprint}, unit=UNIT, settings=lambda unit: now)
+    assert result is None or isinstance(result, str)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=50)
+@given(JSON)
+def test_a_malformed_environment_never_lifts_a_halt(tmp_path: Path, fingerprint: Any) -> None:
+    """Through the gate: a record whose fingerprint is not one keeps refusing, and never
+    makes the gate fail (it would then let the start go)."""
+    records = Quarantine(tmp_path / "run" / "quarantine")
+    records.write(UNIT, {"signature": "x", "environment": fingerprint})
+    assert gate(tmp_path)[0] == EXIT_QUARANTINED

@@ -7,19 +7,46 @@ refuses a start (a stat or one read of /proc/net: well under 50 ms) and lets the
 once the cause is gone. Evidence that cannot be checked keeps the halt: only a record says no.
 While a halt's port is still held, the gate names the holder as root sees it (`still_holds`):
 the daemon, under PrivateUsers=, may have found its uid and PID hidden.
+
+Every halt also keeps a fingerprint of what the unit ran with (`environment_of`, see
+supervisor.environment.fingerprint): its venv's distributions, its interpreter, its loaded
+ExecStart=, Environment=, EnvironmentFile=s and unit files. `changed` lifts the halt once that
+differs: a person who ran `pip install flashinfer-cubin==0.6.4` needs no `release`. That check
+asks systemd over D-Bus and lists the venv: 17 ms median for 300 packages, 13 ms of it D-Bus
+(`python -m bench.gate_recheck --nspawn`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import structlog
+
 from ..decide.port_evidence import port_of
+from ..environment.execstart import interpreter_from_exec_start
+from ..environment.fingerprint import UnitSettings, changes, needs_settings, render, take
 from ..environment.ports import holders, listeners
+from ..environment.reach import hidden_by
+from ..errors import SystemdError
 from ..model import Outcome, Rule
+from .systemd import SystemdClient
+from .unitsettings import ask_unit_settings, unit_settings
+
+_log = structlog.get_logger(__name__)
 
 EVIDENCE_KEY = "evidence"
+ENVIRONMENT_KEY = "environment"
+# Bounds on reading the fingerprint (~15 ms when all is well: bench/gate_recheck.py). At halt
+# time it is read after the record and the stop, so it delays no refusal, only the halt's report
+# (a slow bus or a hung mount then leaves it out); a refused start waits no longer for systemd.
+HALT_SETTINGS_TIMEOUT_S = 0.25
+HALT_FILES_TIMEOUT_S = 0.25
+GATE_SYSTEMD_TIMEOUT_S = 0.5
 # Python's FileNotFoundError and the engines' own "does not exist" for a model or file path.
 _MISSING_PATH = (
     re.compile(r"No such file or directory: '(?P<path>/[^'\x00]+)'"),
@@ -40,9 +67,72 @@ def evidence_of(outcome: Outcome) -> dict[str, Any] | None:
     return None
 
 
-def changed(record: dict[str, Any]) -> str | None:
-    """What changed since the halt, in words, or None while its cause still holds."""
-    evidence = record.get(EVIDENCE_KEY)
+async def environment_of(
+    unit: str,
+    systemd: SystemdClient | None,
+    *,
+    python: str | None = None,
+    hidden: Callable[[str], str | None] = hidden_by,
+) -> dict[str, Any] | None:
+    """The fingerprint of what `unit` ran with, for its quarantine record; None when nothing
+    could be read. `python` is the configured interpreter; else the one its ExecStart= runs.
+    Never raises: the halt it is part of must go on without it."""
+    settings = None
+    try:
+        if systemd is not None:
+            try:
+                async with asyncio.timeout(HALT_SETTINGS_TIMEOUT_S):
+                    settings = await unit_settings(systemd, unit)
+            except (SystemdError, TimeoutError) as exc:
+                _log.warning("halt_settings_unread", unit=unit, error=str(exc) or "timeout")
+        async with asyncio.timeout(HALT_FILES_TIMEOUT_S):
+            found = await asyncio.to_thread(_take, python, settings, hidden)
+    except TimeoutError:
+        _log.warning("halt_environment_unread", unit=unit, error="timeout")
+        return None
+    except Exception as exc:  # a fault of our own: the halt is worth more than its fingerprint
+        _log.error("halt_environment_failed", unit=unit, error=repr(exc))
+        return None
+    return found or None
+
+
+def _take(
+    python: str | None, settings: UnitSettings | None, hidden: Callable[[str], str | None]
+) -> dict[str, Any]:
+    interpreter = Path(python) if python else None
+    if interpreter is None and settings is not None and settings.exec_start:
+        path, _, *args = settings.exec_start[0]  # argv[0] as written; path as systemd found it
+        interpreter = interpreter_from_exec_start([path, *args])
+    return take(interpreter=interpreter, settings=settings, hidden=hidden)
+
+
+def changed(
+    record: dict[str, Any],
+    *,
+    unit: str | None = None,
+    settings: Callable[[str], UnitSettings | None] | None = None,
+) -> str | None:
+    """What changed since the halt, in words, or None while its cause still holds.
+
+    `settings` reads systemd's view of `unit` (default: over D-Bus, bounded), asked only when
+    the record's fingerprint has something to compare it with.
+    """
+    gone = _cause_gone(record.get(EVIDENCE_KEY))
+    if gone is not None:
+        return gone
+    fingerprint = record.get(ENVIRONMENT_KEY)
+    if not isinstance(fingerprint, dict) or not fingerprint:
+        return None
+    name = unit if unit is not None else record.get("unit")
+    now = None
+    if isinstance(name, str) and needs_settings(fingerprint):
+        read = settings or (lambda u: ask_unit_settings(u, timeout_s=GATE_SYSTEMD_TIMEOUT_S))
+        now = read(name)
+    found = changes(fingerprint, now)
+    return f"{render(found)} since the halt" if found else None
+
+
+def _cause_gone(evidence: object) -> str | None:
     if not isinstance(evidence, dict):
         return None
     kind = evidence.get("kind")

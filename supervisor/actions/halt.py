@@ -21,7 +21,8 @@ import structlog
 from ..errors import SystemdError
 from ..model import Outcome
 from ..util.retry import Backoff
-from .evidence import EVIDENCE_KEY, evidence_of
+from .amend import amend
+from .evidence import ENVIRONMENT_KEY, EVIDENCE_KEY, environment_of, evidence_of
 from .quarantine import Quarantine
 from .systemd import SystemdClient
 
@@ -72,8 +73,11 @@ class Halter:
         timeout_s: float,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        python_of: Callable[[str], str | None] = lambda unit: None,
     ) -> None:
+        """`python_of` names a unit's configured interpreter (else its ExecStart= tells)."""
         self._quarantine = quarantine
+        self._python_of = python_of
         self._systemd = systemd
         self._attempts = max(1, attempts)
         self._timeout_s = timeout_s
@@ -99,6 +103,10 @@ class Halter:
         standing = self._standing(unit, outcome)
         path, q_error = await self._write_record(unit, quarantine_record(outcome, standing))
         stopped, job, error = await self._stop(unit) if stop else (True, None, None)
+        latency_s = self._clock() - start
+        if path is not None and standing is None:
+            # A standing halt keeps the fingerprint it was decided with.
+            await self._keep_environment(unit, outcome.invocation.invocation_id)
         return HaltResult(
             repeat_of=None if standing is None else standing.get("invocation_id"),
             stopped=stopped,
@@ -106,9 +114,22 @@ class Halter:
             error=error,
             stop_job=job,
             quarantine_error=q_error,
-            latency_s=self._clock() - start,
+            latency_s=latency_s,
             detail=_describe(unit, path, stop, stopped, job, error),
         )
+
+    async def _keep_environment(self, unit: str, invocation_id: str | None) -> None:
+        """Add what the unit ran with to its record, so the gate lifts the halt once that
+        changes. After the record and the stop: neither waits for these D-Bus round trips."""
+        environment = await environment_of(unit, self._systemd, python=self._python_of(unit))
+        if environment is None:
+            return
+        try:
+            await asyncio.to_thread(
+                amend, self._quarantine, unit, invocation_id, {ENVIRONMENT_KEY: environment}
+            )
+        except OSError as exc:
+            _log.warning("quarantine_amend_failed", unit=unit, error=str(exc))
 
     async def stop(self, unit: str) -> str | None:
         """Stop `unit` (retried); the job path. Raises SystemdError after retries."""
@@ -205,7 +226,8 @@ class Halter:
 
 
 def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON record kept while a unit is quarantined: why, when, and which invocation.
+    """The JSON record kept while a unit is quarantined: why, when, which invocation, and
+    what the halt rests on (its evidence; the environment fingerprint is added after the stop).
 
     With a `standing` record (an earlier halt still in force) that record is kept, since when
     and by which invocation, and only its crash count and latest crash move on."""
@@ -234,6 +256,7 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
         "exit_status": inv.exit_status,
         "restarts": inv.restarts,
         EVIDENCE_KEY: evidence_of(outcome),
+        ENVIRONMENT_KEY: None,
     }
 
 

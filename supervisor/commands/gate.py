@@ -210,8 +210,10 @@ def _lifted(
     unit: str, quarantine: Quarantine, record: dict[str, Any], runtime_dir: Path, stream: TextIO
 ) -> bool:
     """Lift a halt whose cause is gone (the port it found held is free, the missing path
-    exists): the record is removed, the daemon told, and one line says what changed."""
-    what = changed(record)
+    exists) or whose unit's environment or config changed since (a package upgraded, its
+    ExecStart= or an EnvironmentFile= edited): the record is removed, the daemon told, and
+    one line says what changed."""
+    what = changed(record, unit=unit)
     if what is None:
         return False
     try:
