@@ -16,6 +16,7 @@ import structlog
 from .actions.actor import Actor
 from .actions.gatekeeper import GateServer, socket_path
 from .actions.halt import Halter
+from .actions.installed import InstalledUnits
 from .actions.quarantine import (
     Quarantine,
     quarantine_dir,
@@ -101,14 +102,21 @@ async def _run(
         gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
     )
     hangs = HangWatcher(config, systemd=control)
+    # Per-unit metric series only for the units systemd has (see actions.installed).
+    installed = InstalledUnits(
+        control, units=lambda: [u.name for u in daemon.config.units], report=metrics.unit_loaded
+    )
+
+    def unit_changed(unit: str) -> None:
+        daemon.unit_changed(unit)
+        installed.changed(unit)
+
     watches: list[UnitWatch] = []
     if control is not None:
         # A state change of a supervised unit: read the journal now (see actions.unitwatch).
         watches.append(
             UnitWatch(
-                control,
-                units=lambda: [u.name for u in daemon.config.units],
-                changed=lambda unit: daemon.unit_changed(unit),
+                control, units=lambda: [u.name for u in daemon.config.units], changed=unit_changed
             )
         )
     recorder = DriftRecorder(
@@ -148,6 +156,7 @@ async def _run(
             _watchdog(notifier),
             *(s.run for s in sinks),
             *(w.run for w in watches),
+            installed.run,
         ],
         wakers=[s.wake for s in sinks],
         sources=[hangs],
@@ -164,11 +173,16 @@ async def _run(
     def refresh_halted() -> None:
         metrics.halted_units(quarantined_units(config))
 
+    def before_scrape() -> None:
+        installed.wake()  # units configured by a reload are asked about
+        refresh_halted()
+
     refresh_halted()
+    metrics.reader_memory(lambda: daemon.reader.memory_bytes())
     server = MetricsServer(
         metrics,
         combine_health(following_check(metrics), _state_health(daemon), outbox.health),
-        before_scrape=refresh_halted,
+        before_scrape=before_scrape,
     )
     try:
         await _listen(config, server, gates)

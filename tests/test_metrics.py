@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +45,8 @@ def value(samples: dict, name: str, **labels: str) -> float | None:
 def _metrics() -> Metrics:
     metrics = Metrics(new_registry(), now=lambda: T0)
     metrics.register_units(["vllm.service", "sglang.service"])
+    for unit in ("vllm.service", "sglang.service"):
+        metrics.unit_loaded(unit, True)
     metrics.signature_table(
         ["flashinfer_cubin_mismatch", "nccl_timeout"],
         True,
@@ -244,6 +247,94 @@ class TestLabels:
             == 1
         )
         assert value(s, "vllm_supervisor_unit_halted", unit="vllm.service") == 0
+
+
+class TestUnitsSeries:
+    """A supervised unit's series exist once systemd has it, or could not say, or it reports."""
+
+    @staticmethod
+    def _of(metrics: Metrics, unit: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        samples = parse(metrics.exposition()[0].decode())
+        return {key: v for key, v in samples.items() if ("unit", unit) in key[1]}
+
+    def test_a_unit_systemd_has_no_file_for_exports_only_its_absence(self) -> None:
+        """LoadState=not-found: `unit_present 0` is the unit's one series."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units(["vllm.service", "tgi.service"])
+        metrics.unit_loaded("tgi.service", False)
+        assert self._of(metrics, "tgi.service") == {
+            ("vllm_supervisor_unit_present", frozenset({("unit", "tgi.service")})): 0.0
+        }
+
+    def test_a_unit_not_asked_about_yet_exports_nothing(self) -> None:
+        """Registered only: nothing is said of the unit until systemd or the journal does."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units(["vllm.service"])
+        assert self._of(metrics, "vllm.service") == {}
+
+    @pytest.mark.parametrize("loaded", [True, None])
+    def test_a_unit_that_exists_or_may_gets_every_series_at_zero(self, loaded: bool | None) -> None:
+        """Loaded, or systemd could not be asked: every per-unit series at 0 (for increase())."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units(["vllm.service"])
+        metrics.unit_loaded("vllm.service", loaded)
+        s = parse(metrics.exposition()[0].decode())
+        p = "vllm_supervisor_"
+        assert value(s, p + "halt_failures_total", unit="vllm.service", reason="timeout") == 0
+        assert value(s, p + "unit_halted", unit="vllm.service") == 0
+        present = value(s, p + "unit_present", unit="vllm.service")
+        assert present == (1.0 if loaded else None)
+
+    def test_an_absent_unit_that_reports_gets_its_series(self) -> None:
+        """A crash of a unit systemd said it lacked (installed since, another host's journal)
+        is counted like any other."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units(["vllm.service"])
+        metrics.unit_loaded("vllm.service", False)
+        metrics.outcome(make_outcome(), 0.001)
+        s = parse(metrics.exposition()[0].decode())
+        crash = {"unit": "vllm.service", "signature": "flashinfer_cubin_mismatch"}
+        assert value(s, "vllm_supervisor_crashes_total", **crash, severity="fatal") == 1
+        assert value(s, "vllm_supervisor_unit_halted", unit="vllm.service") == 0
+
+    def test_only_supervised_units_are_said_to_be_present_or_absent(self) -> None:
+        """The label's values are the configured units, never another name."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units(["vllm.service"])
+        metrics.unit_loaded("evil.service", False)
+        metrics.unit_loaded("evil.service", True)
+        assert self._of(metrics, "evil.service") == {}
+
+
+class TestReaderMemory:
+    """The reader child's resident memory, read when scraped."""
+
+    def test_read_at_each_scrape_and_zero_without_a_child(self) -> None:
+        """The gauge is whatever the reader says at the scrape; 0 while no child runs."""
+        metrics = Metrics(new_registry(process=False))
+        answers: list[int | None] = [3_145_728, None]
+        metrics.reader_memory(lambda: answers[0])
+        gauge = "vllm_supervisor_journal_reader_memory_bytes"
+        assert value(parse(metrics.exposition()[0].decode()), gauge) == 3_145_728
+        answers[0] = None
+        assert value(parse(metrics.exposition()[0].decode()), gauge) == 0
+
+
+class TestDocumented:
+    """deploy/README.md lists every metric the supervisor exports."""
+
+    def test_every_exported_family_is_in_the_deploy_readme(self) -> None:
+        """A new metric comes with a line in the operators' list (and a stale line goes)."""
+        metrics = Metrics(new_registry(process=False))
+        exported = {
+            line.split(" ")[2]
+            for line in metrics.exposition()[0].decode().splitlines()
+            if line.startswith("# TYPE")
+        }
+        readme = (Path(__file__).resolve().parents[1] / "deploy" / "README.md").read_text()
+        listed = set(re.findall(r"^\| `(vllm_supervisor_[a-z_]+)`", readme, re.MULTILINE))
+        assert sorted(exported - listed) == []
+        assert sorted(listed - exported) == []
 
 
 class TestHealth:

@@ -2,9 +2,12 @@
 
 `Metrics(registry)` receives its `CollectorRegistry` (tests use a fresh one) and pre-creates each
 series whose labels are known, so a rate() or an alert sees 0 before the first event (the idea of
-Alertmanager's `InitializeFor`). Label values come only from bounded sets: configured units,
-signature ids of the loaded table, enums and code-defined reasons. Anything else becomes
-"unknown" or "other", never raw text. This is the only module that imports prometheus_client.
+Alertmanager's `InitializeFor`). A supervised unit's ~160 series are created once systemd says
+it has the unit, or cannot say, or once the unit has something to report; a unit systemd does
+not know (LoadState=not-found: not installed here, or a typo) exports only `unit_present 0`.
+Label values come only from bounded sets: configured units, signature ids of the loaded table,
+enums and code-defined reasons. Anything else becomes "unknown" or "other", never raw text. This
+is the only module that imports prometheus_client.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else new_registry()
         self._now = now
-        self._units: set[str] = set()
+        self._units: set[str] = set()  # the units whose series exist
+        self._supervised: set[str] = set()
         self._signatures: set[str] = set()
         self._severities: dict[str, str] = {}
         self.is_following = False
@@ -127,8 +131,19 @@ class Metrics:
             "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
             "oldest entry after it.",
         )
+        self._reader_memory = self._gauge(
+            "journal_reader_memory_bytes",
+            "Resident memory of the journal reader child (its VmRSS), read at each scrape; "
+            "0 while no child runs.",
+        )
 
     def _declare_crashes(self) -> None:
+        self._present = self._gauge(
+            "unit_present",
+            "1 when systemd has the supervised unit, 0 when it has no such unit "
+            "(LoadState=not-found; then this is the unit's only series); absent until asked.",
+            ["unit"],
+        )
         self._crashes = self._counter(
             "crashes_total",
             "Ended invocations classified as crashes.",
@@ -273,9 +288,19 @@ class Metrics:
     # -- the daemon's calls ---------------------------------------------------------------------
 
     def register_units(self, units: Iterable[str]) -> None:
-        """Pre-create every per-unit series of the supervised units."""
-        for unit in units:
-            self._init_unit(unit)
+        """Remember the supervised units; their series come with `unit_loaded` or a report."""
+        self._supervised = {unit for unit in units if _UNIT.match(unit)}
+
+    def unit_loaded(self, unit: str, loaded: bool | None) -> None:
+        """What systemd says of a supervised unit: it has it (True), it has no such unit
+        (False: `unit_present 0` only), or nothing (None: it could not be asked). Every
+        per-unit series is created at 0 unless the unit is known to be absent."""
+        if unit not in self._supervised:
+            return
+        if loaded is not None:
+            self._present.labels(unit).set(1 if loaded else 0)
+        if loaded is not False:
+            self._unit(unit)
 
     def signature_table(
         self,
@@ -291,6 +316,10 @@ class Metrics:
         self._sig_count.set(len(ids))
         for unit in list(self._units):
             self._init_unit(unit)
+
+    def reader_memory(self, resident_bytes: Callable[[], int | None]) -> None:
+        """Read the journal reader child's memory with `resident_bytes` at each scrape."""
+        self._reader_memory.set_function(lambda: float(resident_bytes() or 0))
 
     def entries_read(self, count: int) -> None:
         """Count journal entries read."""
