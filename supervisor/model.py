@@ -360,6 +360,7 @@ class UnitState:
     invocation_id: str  # hex, "" when the unit never ran
     main_pid: int  # 0 when no main process runs
     load_state: str = "loaded"
+    gated: bool = False  # its ExecCondition= is our gate: a start is refused while quarantined
 
     @property
     def restarting_or_running(self) -> bool:

@@ -141,10 +141,12 @@ class FakeService(ServiceInterface):
         result: str = "success",
         main_pid: int = 0,
         exec_start: Sequence[list[Any]] = (),
+        exec_condition: Sequence[list[Any]] = (),
     ) -> None:
         super().__init__("org.freedesktop.systemd1.Service")
         self.n_restarts, self.result, self.main_pid = n_restarts, result, main_pid
         self.exec_start = list(exec_start)
+        self.exec_condition = list(exec_condition)
 
     @dbus_property(access=PropertyAccess.READ)
     def NRestarts(self) -> "u":
@@ -161,3 +163,7 @@ class FakeService(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def ExecStart(self) -> "a(sasbttttuii)":
         return self.exec_start
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ExecCondition(self) -> "a(sasbttttuii)":
+        return self.exec_condition

@@ -110,8 +110,8 @@ class Actor:
         while asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(GATE_POLL_S)  # polling systemd: no event tells it here
             state = await self._state(unit)
-            if state is None or state.sub_state == "condition":
-                continue
+            if state is None or state.sub_state in ("condition", "auto-restart"):
+                continue  # the gate runs, or is still to run at the pending restart
             if state.active_state in ("active", "activating"):
                 log.warning("gate_let_start_through", unit=unit, action="stopping it")
                 with contextlib.suppress(SystemdError):

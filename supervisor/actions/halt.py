@@ -270,7 +270,7 @@ def _describe(
 ) -> str:
     parts = [f"quarantined {unit} at {path}" if path else f"could not quarantine {unit}"]
     if not asked:
-        parts.append("its gate refuses the start under way")
+        parts.append("its gate refuses the restart under way or pending")
     elif error is not None:
         parts.append(f"stop failed ({error.reason}): {error}")
     elif job:

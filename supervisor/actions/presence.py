@@ -42,7 +42,7 @@ class Judgement:
     reason: str
     confirmed: bool
     running: bool = False  # the unit runs a process now (StopUnit or RestartUnit needed)
-    gating: bool = False  # its next start's ExecCondition= (the gate) runs right now
+    gating: bool = False  # its next start's ExecCondition= (our gate) runs now or will
     # Active with no process left (RemainAfterExit=yes): systemd will not restart it.
     remains: bool = False
 
@@ -81,6 +81,9 @@ def judge(invocation: Invocation, state: UnitState | None, here: Here) -> Judgem
                 reason="systemd is about to restart it (auto-restart)",
                 confirmed=True,
                 running=True,
+                # Our gate runs first at that restart and refuses it: a StopUnit now could
+                # land just as the restart's gate starts, and kill it.
+                gating=state.gated,
             )
         if state.active_state == "active" and state.sub_state == "exited":
             return Judgement(

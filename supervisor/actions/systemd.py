@@ -128,6 +128,7 @@ class SystemdClient:
             n_restarts=int(service.get("NRestarts", 0)),
             result=str(service.get("Result", "")),
             main_pid=int(service.get("MainPID", 0)),
+            gated=any(_is_our_gate(command[1]) for command in service.get("ExecCondition") or []),
         )
 
     async def unit_names(self, unit: str) -> tuple[str, tuple[str, ...]]:
@@ -246,6 +247,12 @@ class SystemdClient:
             )
             raise map_dbus_error(error, what) from error
         return list(reply.body)
+
+
+def _is_our_gate(argv: Any) -> bool:
+    """`vllm-supervisor gate ... UNIT`, as the drop-in runs it (ExecCondition's argv)."""
+    words = [str(word) for word in argv or []]
+    return len(words) > 1 and words[0].endswith("vllm-supervisor") and words[1] == "gate"
 
 
 def _unwrap(props: Mapping[str, Any]) -> dict[str, Any]:
