@@ -396,18 +396,24 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """`release UNIT`: lift a halt."""
+    from .actions.unitnames import real_name
     from .commands.gate import release_main
 
     config = resolve_config(args)
-    return release_main(args.unit, config.state.runtime_dir, config.state.state_dir)
+    unit = real_name(args.unit)  # the record is under the unit's real name, not an alias
+    if unit != args.unit:
+        print(f"{args.unit} is an alias of {unit}", file=sys.stderr)
+    return release_main(unit, config.state.runtime_dir, config.state.state_dir)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """`status [UNIT...]`: halted units, why and since when, and the daemon's health."""
+    from .actions.unitnames import real_name
     from .commands.status import status_main
 
     config = resolve_config(args)
-    return status_main(config, args.unit, output_format=args.format, out=sys.stdout)
+    units = [real_name(unit) for unit in args.unit]
+    return status_main(config, units, output_format=args.format, out=sys.stdout)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:

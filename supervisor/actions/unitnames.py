@@ -20,6 +20,7 @@ import structlog
 
 from ..config import Config, UnitConfig
 from ..errors import SystemdError
+from .systemd import ask_once
 
 log = structlog.get_logger(__name__)
 
@@ -146,3 +147,13 @@ class RealNames:
                 action=f"the same unit as [[unit]] {kept}: its settings apply; remove one entry",
             )
         return dataclasses.replace(config, units=units)
+
+
+def real_name(unit: str, *, timeout_s: float = 2.0) -> str:
+    """For a command a person runs (`release`, `status`): the unit's real name when `unit` is
+    an alias systemd knows, else `unit` as typed (systemd unreachable, no such unit)."""
+    try:
+        real, _ = ask_once(lambda client: client.unit_names(unit), timeout_s=timeout_s)
+    except (SystemdError, OSError, TimeoutError):
+        return unit
+    return real
