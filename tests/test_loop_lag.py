@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,9 @@ from vllm_supervisor.telemetry import looplag
 from vllm_supervisor.telemetry.looplag import LoopLag
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
-SLOW_COMMIT_S = 0.3
+SLOW_COMMIT_S = 1.0
+# On the loop, the commit would show as a lag of about its whole duration (a ratio near 1).
+MAX_LAG_RATIO = 0.5
 
 
 class TestLoopLag:
@@ -38,14 +41,21 @@ class TestLoopLag:
 
 
 async def test_a_slow_commit_does_not_stall_the_loop(tmp_path: Path) -> None:
-    """A state commit that takes 300 ms (a slow disk's fsync) runs in a worker thread: the
-    loop's lag stays far below it while the crash is recorded."""
+    """A state commit that takes a second (a slow disk's fsync) runs in a worker thread, not on
+    the loop: the loop's worst lag while the crash is recorded stays a small fraction of it.
+
+    The thread is the property; the lag is a ratio against the commit's own duration, so CPU
+    contention from other processes (which delays the loop by tens of milliseconds, and once
+    by 196 ms under a full suite run) cannot pass for a commit on the loop (a ratio near 1).
+    """
     config = demo_config(tmp_path)
     store = Store.in_directory(config.state.state_dir)
     commit_batch = store.commit_batch
     slow: list[float] = []
+    commit_threads: set[int] = set()
 
     def slow_disk(**kwargs: object) -> None:
+        commit_threads.add(threading.get_ident())
         started = time.monotonic()
         time.sleep(SLOW_COMMIT_S)  # the slow fsync being simulated, in the commit's thread
         commit_batch(**kwargs)  # type: ignore[arg-type]
@@ -73,6 +83,7 @@ async def test_a_slow_commit_does_not_stall_the_loop(tmp_path: Path) -> None:
             stop.set()
             await asyncio.wait_for(task, 15)
     store.close()
-    assert slow and max(slow) >= SLOW_COMMIT_S
+    assert slow and min(slow) >= SLOW_COMMIT_S
+    assert commit_threads and threading.get_ident() not in commit_threads
     assert samples, "the probe sampled while the batch was handled"
-    assert max(samples) < SLOW_COMMIT_S / 3, samples
+    assert max(samples) / min(slow) < MAX_LAG_RATIO, (samples, slow)
