@@ -107,6 +107,12 @@ def test_a_config_naming_an_alias_halts_the_real_unit_at_the_first_crash(
     [said] = supervisor_events(container, "unit_is_an_alias")
     assert (said["unit"], said["real_name"]) == (ALIAS, UNIT)
     assert said["detail"] == f"{ALIAS} is an alias of {UNIT}: following {UNIT}"
+    # A person who knows the unit by its alias: status and release find the real unit's record.
+    status = container.run("vllm-supervisor", "status", ALIAS, check=False)
+    assert "flashinfer_cubin_mismatch" in status.stdout, status.stdout
+    released = container.run("vllm-supervisor", "release", ALIAS)
+    assert f"released {UNIT}" in released.stdout, released.stdout
+    assert not quarantined(container)
 
 
 def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container) -> None:
@@ -145,9 +151,3 @@ def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container) -> 
              what="the served unit halted")  # fmt: skip
     assert len(invocations_that_ran(bare)) == 1
     assert [i["taken"] for i in history(bare)][:1] == ["halted"]
-    # A person who knows the unit by its alias: status and release find the real unit's record.
-    status = container.run("vllm-supervisor", "status", ALIAS, check=False)
-    assert "flashinfer_cubin_mismatch" in status.stdout, status.stdout
-    released = container.run("vllm-supervisor", "release", ALIAS)
-    assert f"released {UNIT}" in released.stdout, released.stdout
-    assert not quarantined(container)
