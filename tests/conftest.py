@@ -1,4 +1,9 @@
-"""Shared fixtures: polling with a deadline, and real journal directories (journal-remote)."""
+"""Shared fixtures: polling with a deadline, and real journal directories (journal-remote).
+
+The suite tests the checkout it runs in: `pytest_configure` refuses to start when
+`vllm_supervisor` is imported from anywhere else (an editable install of another clone, an
+installed wheel), since every test would then pass or fail on that other code.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,20 @@ from pathlib import Path
 import pytest
 from slack_server import SlackServer
 
+import vllm_supervisor
 from vllm_supervisor.journal.writer import JournalWriter
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop before collecting when the package under test is not this checkout's."""
+    imported = Path(vllm_supervisor.__file__).resolve().parent
+    if imported != REPO / "supervisor":
+        raise pytest.UsageError(
+            f"vllm_supervisor is imported from {imported}, not from this checkout's"
+            f" {REPO / 'supervisor'}: run ./scripts/install-deps in {REPO}, then ./scripts/test"
+        )
 
 
 def wait_for(condition: Callable[[], object], *, timeout: float = 20.0, what: str = "") -> None:

@@ -97,6 +97,29 @@ class TestBesideSupervisord:
         assert where(venv, "vllm_supervisor").startswith(str(venv))
 
 
+def test_the_suite_refuses_the_code_of_another_checkout(tmp_path: Path) -> None:
+    """Run in a copy of this checkout, the suite stops before collecting (exit 4) and names
+    both places: this interpreter imports vllm_supervisor from here, not from the copy, and
+    the copy's tests would otherwise pass or fail on this checkout's code."""
+    clone = copy_of_repo(tmp_path / "clone")
+    (clone / "tests").mkdir()
+    for helper in ("conftest.py", "slack_server.py"):
+        (clone / "tests" / helper).write_bytes((REPO / "tests" / helper).read_bytes())
+    (clone / "tests" / "test_anything.py").write_text("def test_anything() -> None:\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_anything.py"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, said
+    assert f"imported from {REPO / 'supervisor'}" in said
+    assert f"not from this checkout's {clone / 'supervisor'}" in said
+
+
 def test_every_folder_of_the_package_is_installed() -> None:
     """pyproject's explicit package list (needed for the name mapping) names every folder."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
