@@ -93,6 +93,9 @@ async def _run(
         control,
         attempts=config.systemd.stop_attempts,
         timeout_s=config.systemd.stop_timeout_s,
+        # The interpreter the config names for a unit whose ExecStart= does not show it:
+        # the halt's environment fingerprint reads that venv's packages.
+        python_of=lambda unit: daemon.config.unit(unit).python,
     )
     gates: GateServer | None = None
     actor = Actor(
