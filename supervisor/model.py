@@ -220,6 +220,9 @@ class Verdict:
     confidence: str | None = None  # how sure the root-cause line is: high, medium, low
     severity_reason: str | None = None  # one line a person can check
     phase_hint: str | None = None  # "startup" or "serving", from the traceback's frames
+    # An unknown crash: the side its evidence leans to, too weak to settle it (determinism.
+    # assess). The policy halts one that leans fatal on its second identical start.
+    leaning: Severity | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `verdict` object of the triage/history JSON contract (DESIGN.md §4)."""

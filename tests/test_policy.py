@@ -166,3 +166,92 @@ def test_every_decision_names_a_bounded_rule(
     assert dry_decision.rule is decision.rule
     if decision.action is Action.HALT:
         assert decision.rule in HALT_RULES
+
+
+def _ended_after(seconds: float, invocation_id: str = "i") -> Invocation:
+    """A startup crash `seconds` after its start (its start read, no serving line)."""
+    return Invocation(
+        unit="vllm.service",
+        invocation_id=invocation_id,
+        lines=(),
+        exit_code="exited",
+        exit_status=1,
+        result="exit-code",
+        started_us=1_000_000,
+        ended_us=1_000_000 + int(seconds * 1e6),
+    )
+
+
+def _leaning(leaning: Severity | None, fingerprint: str = "fp1") -> Verdict:
+    return Verdict(
+        signature=None,
+        severity=Severity.UNKNOWN,
+        title="t",
+        root_cause="x",
+        fingerprint=fingerprint,
+        crashed=True,
+        basis="unknown",
+        leaning=leaning,
+    )
+
+
+class TestSecondIdenticalStartupCrash:
+    """An unknown crash whose evidence leans deterministic halts when it ends the next start
+    too, the same way after about the same time; without that lean, or at another time, the
+    third identical crash halts as before."""
+
+    def test_leaning_fatal_halts_on_the_second_identical_start(self) -> None:
+        """Same fingerprint, 62 s then 60 s to crash, leaning fatal: halt on the second."""
+        policy = RestartPolicy()
+        first = policy.decide(_ended_after(62.0, "a"), _leaning(Severity.FATAL))
+        second = policy.decide(_ended_after(60.0, "b"), _leaning(Severity.FATAL))
+        assert (first.action, first.rule) == (Action.ALLOW_RESTART, Rule.UNKNOWN_FIRST)
+        assert (second.action, second.rule) == (Action.HALT, Rule.UNKNOWN_REPEAT)
+        assert "after about the same time" in second.reason
+        assert "leans deterministic" in second.reason
+
+    @pytest.mark.parametrize(
+        ("leaning", "times"),
+        [
+            (None, (60.0, 60.0)),  # nothing leans: the third crash halts
+            (Severity.TRANSIENT, (60.0, 60.0)),  # it leans transient
+            (Severity.FATAL, (300.0, 40.0)),  # a different time to crash
+        ],
+    )
+    def test_otherwise_the_third_halts(
+        self, leaning: Severity | None, times: tuple[float, float]
+    ) -> None:
+        """Without a deterministic lean, or when the second took another time, the second
+        crash restarts and the third identical one halts."""
+        policy = RestartPolicy()
+        actions = [
+            policy.decide(_ended_after(seconds, f"{n}"), _leaning(leaning)).action
+            for n, seconds in enumerate((*times, times[-1]))
+        ]
+        assert actions == [Action.ALLOW_RESTART, Action.ALLOW_RESTART, Action.HALT]
+
+    def test_the_time_survives_a_restart_of_the_daemon(self) -> None:
+        """The first crash's time to crash is kept in the saved state."""
+        first = RestartPolicy()
+        first.decide(_ended_after(60.0, "a"), _leaning(Severity.FATAL))
+        second = RestartPolicy(first.state())
+        assert second.decide(_ended_after(61.0, "b"), _leaning(Severity.FATAL)).action is (
+            Action.HALT
+        )
+
+    @given(
+        first=st.floats(1.0, 3600.0),
+        second=st.floats(1.0, 3600.0),
+        leaning=st.sampled_from([None, Severity.FATAL, Severity.TRANSIENT]),
+    )
+    def test_never_on_the_second_unless_it_leans_fatal_at_a_like_time(
+        self, first: float, second: float, leaning: Severity | None
+    ) -> None:
+        """A halt on the second crash needs the fatal lean and times within a factor of two
+        of each other (page cache: a second load reads the weights from memory)."""
+        policy = RestartPolicy()
+        policy.decide(_ended_after(first, "a"), _leaning(leaning))
+        decision = policy.decide(_ended_after(second, "b"), _leaning(leaning))
+        if decision.action is Action.HALT:
+            assert leaning is Severity.FATAL
+            assert min(first, second) * 2 >= max(first, second) or abs(first - second) <= 15

@@ -18,7 +18,12 @@ Rules, in order:
    ended: exit code, status, result). A crash after serving counts only when it came within
    `repeat_window_s` of serving (the first request crashes it every time); one after longer
    serving starts the count afresh and never halts by repetition: repeats after serving are no
-   proof of determinism.
+   proof of determinism. A startup crash whose evidence leans deterministic (`Verdict.leaning`,
+   supervisor.classify.determinism: too weak to infer fatal on its own) halts on the second:
+   the same fingerprint after about the same time to crash (within a factor of two, or 15 s: a
+   second load reads the weights from the page cache) is the repetition that settles it. A
+   crash that leans transient, or none, or came at another time, waits for the K-th: a
+   process the last start left behind (GPU memory, a port) can outlive one restart.
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
@@ -35,6 +40,9 @@ from ..classify.determinism import Phase
 from ..model import Action, Decision, Ending, Invocation, Rule, Severity, Verdict
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
+# Two startup crashes "after about the same time": within this factor, or this many seconds.
+SAME_TIME_FACTOR = 2.0
+SAME_TIME_SLACK_S = 15.0
 
 _NOT_A_CRASH = {
     Ending.SKIPPED: (Rule.SKIPPED, "start skipped by its ExecCondition gate"),
@@ -61,6 +69,7 @@ class _Rules:
 class _Streak:
     fingerprint: str | None = None
     count: int = 0
+    ran_s: float | None = None  # the last crash's time from start to end, when known
 
 
 class RestartPolicy:
@@ -70,9 +79,11 @@ class RestartPolicy:
         self._streaks: dict[str | None, _Streak] = {}
         for unit, value in (state or {}).items():
             if isinstance(value, dict):
-                count = value.get("count", 0)
+                count, ran_s = value.get("count", 0), value.get("ran_s")
                 self._streaks[unit] = _Streak(
-                    value.get("fingerprint"), count if isinstance(count, int) else 0
+                    value.get("fingerprint"),
+                    count if isinstance(count, int) else 0,
+                    float(ran_s) if isinstance(ran_s, int | float) else None,
                 )
 
     def decide(
@@ -156,10 +167,12 @@ class RestartPolicy:
                 "may work, and repeats after serving are no proof",
                 rule=Rule.UNKNOWN_AFTER_SERVING,
             )
+        previous_s = streak.ran_s if fingerprint == streak.fingerprint else None
         if fingerprint == streak.fingerprint:
             streak.count += 1
         else:
             streak.fingerprint, streak.count = fingerprint, 1
+        streak.ran_s = phase.ran_s
         limit = rules.unknown_repeat_limit
         if streak.count >= limit:
             return Decision(
@@ -167,6 +180,20 @@ class RestartPolicy:
                 reason=f"the same unknown crash (fingerprint {fingerprint}) ended "
                 f"{streak.count} consecutive invocations (limit {limit}), each "
                 f"{phase.describe()}",
+                rule=Rule.UNKNOWN_REPEAT,
+            )
+        if (
+            streak.count == 2
+            and verdict.leaning is Severity.FATAL
+            and not phase.served
+            and _about_the_same(previous_s, phase.ran_s)
+        ):
+            return Decision(
+                action=Action.HALT,
+                reason=f"the same unknown crash (fingerprint {fingerprint}) ended 2 consecutive "
+                f"starts, each {phase.describe()} after about the same time "
+                f"({_seconds(previous_s)} and {_seconds(phase.ran_s)}), and its evidence leans "
+                "deterministic",
                 rule=Rule.UNKNOWN_REPEAT,
             )
         return Decision(
@@ -179,7 +206,7 @@ class RestartPolicy:
     def state(self) -> dict[str, dict[str, Any]]:
         """The policy's memory, for the state database."""
         return {
-            unit: {"fingerprint": s.fingerprint, "count": s.count}
+            unit: {"fingerprint": s.fingerprint, "count": s.count, "ran_s": s.ran_s}
             for unit, s in self._streaks.items()
             if unit is not None
         }
@@ -209,6 +236,18 @@ def _as_dry_run(decision: Decision) -> Decision:
 
 def _observe(rule: Rule, reason: str) -> Decision:
     return Decision(action=Action.OBSERVE, reason=reason, rule=rule)
+
+
+def _about_the_same(first: float | None, second: float | None) -> bool:
+    """Two times to crash that a repeated cause explains: within a factor, or a few seconds."""
+    if first is None or second is None:
+        return False
+    low, high = sorted((first, second))
+    return high - low <= SAME_TIME_SLACK_S or low * SAME_TIME_FACTOR >= high
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f} s"
 
 
 def _silent_fingerprint(invocation: Invocation) -> str:
