@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
-from vllm_supervisor.classify.logline import Role, annotate, parse_line, parse_lines
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_supervisor.classify.logline import (
+    Role,
+    annotate,
+    carried_cause,
+    parse_line,
+    parse_lines,
+)
 from vllm_supervisor.model import LogLine
 
 # (raw line, journal pid, expected text, expected process, expected level)
@@ -388,3 +398,198 @@ class TestTracebacks:
             ]
         )
         assert Role.EXCEPTION not in roles
+
+
+# Lines as a journal holds them: an outer prefix (syslog, a container runtime's time, a CI
+# runner's), process tags (vLLM's, Ray's), a logger's prefix, then the message.
+OUTER = ("", "Aug 19 18:34:27 host vllm[8727]: ", "2024-06-28T06:11:52.685300953Z ")
+TAGS = (
+    "(APIServer pid=1) ",
+    "(RayWorkerWrapper pid=813, ip=10.0.0.5) ",
+    "(EngineCore_DP0 pid=68) ",
+)
+LOGGERS = (
+    ("ERROR 02-06 16:34:06 [core.py:936] ", "ERROR"),
+    ("INFO 01-11 15:51:02 llm_engine.py:70] ", "INFO"),
+    ("WARNING 06-13 11:42:20 _custom_ops.py:11] ", "WARNING"),
+    ("2024-02-20 21:46:23 | ERROR | stderr | ", "ERROR"),
+)
+# A message starts with a lower-case word, so no prefix family can read it as its own.
+MESSAGES = st.from_regex(r"[a-z][a-z0-9 .,:_=()'-]{0,60}", fullmatch=True)
+ANSI = ("\x1b[36m", "\x1b[0m", "\x1b[1;31m", "\x1b[0;0m", "[36m", "[0m", "[0;36m", "^[[1;36m")
+
+
+def _pid(tag: str) -> str:
+    match = re.search(r"pid=(\d+)", tag)
+    assert match is not None
+    return f"pid:{match.group(1)}"
+
+
+class TestPrefixesAnywhere:
+    """ANSI colour codes and process tags wherever they stand among the prefixes."""
+
+    @given(
+        outer=st.sampled_from(OUTER),
+        tag=st.sampled_from(TAGS),
+        logger=st.sampled_from(LOGGERS),
+        message=MESSAGES,
+    )
+    def test_a_process_tag_after_the_logger_prefix(
+        self, outer: str, tag: str, logger: tuple[str, str], message: str
+    ) -> None:
+        """A Ray or vLLM process tag reads the same before and after a logger's prefix."""
+        before = parse_line(LogLine(text=f"{outer}{tag}{logger[0]}{message}"))
+        after = parse_line(LogLine(text=f"{outer}{logger[0]}{tag}{message}"))
+        assert (message, _pid(tag), logger[1]) == (after.text, after.process, after.level)
+        assert before == after
+
+    @given(
+        outer=st.sampled_from(OUTER),
+        tags=st.lists(st.sampled_from(TAGS), max_size=2),
+        logger=st.sampled_from(LOGGERS),
+        message=MESSAGES,
+        codes=st.lists(st.tuples(st.integers(0, 400), st.sampled_from(ANSI)), max_size=6),
+    )
+    def test_colour_codes_anywhere_change_nothing(
+        self,
+        outer: str,
+        tags: list[str],
+        logger: tuple[str, str],
+        message: str,
+        codes: list[tuple[int, str]],
+    ) -> None:
+        """ANSI escapes, and their remnants pasted without ESC (with or without a reset), are
+        dropped wherever they stand, even inside a prefix or a word."""
+        line = f"{outer}{''.join(tags)}{logger[0]}{message}"
+        coloured = line
+        for position, code in sorted(codes, reverse=True):  # from the end: none lands in another
+            at = min(position, len(line))
+            coloured = coloured[:at] + code + coloured[at:]
+        assert parse_line(LogLine(text=line)) == parse_line(LogLine(text=coloured))
+        assert parse_line(LogLine(text=coloured)).text == message
+
+    @pytest.mark.parametrize(
+        ("raw", "text", "process", "level"),
+        [
+            # fastchat's model worker: time, level and stream in pipe-separated columns.
+            (
+                "qanything-container-local  | 2024-02-20 21:46:23 | ERROR | stderr | [rank0]:   "
+                'File "/v/worker.py", line 231, in _check_if_gpu_supports_dtype',
+                '  File "/v/worker.py", line 231, in _check_if_gpu_supports_dtype',
+                "rank0",
+                "ERROR",
+            ),
+            # Python's warnings module: the location before the category is a prefix.
+            (
+                "/opt/v/dispatcher.py:138: FutureWarning: `torch.distributed.reduce_op` is "
+                "deprecated",
+                "FutureWarning: `torch.distributed.reduce_op` is deprecated",
+                None,
+                "WARNING",
+            ),
+            # An SGLang prefix, then a Ray tag.
+            (
+                "[2025-03-10 14:17:52 TP6] (RayWorkerWrapper pid=3) ValueError: bad",
+                "ValueError: bad",
+                "pid:3",
+                None,
+            ),
+        ],
+    )
+    def test_other_wrapping_prefixes(
+        self, raw: str, text: str, process: str | None, level: str | None
+    ) -> None:
+        """fastchat's columns, a warning's location and a tag after SGLang's prefix go too."""
+        parsed = parse_line(LogLine(text=raw))
+        assert (text, process, level) == (parsed.text, parsed.process, parsed.level)
+
+
+# Causes as a wrapper carries them: an exception's message (str(e), no class) or a whole line.
+CAUSES = st.one_of(
+    st.sampled_from(
+        (
+            "CUDA error: invalid device ordinal",
+            "NCCL error: unhandled cuda error",
+            "Bfloat16 is only supported on GPUs with compute capability of at least 8.0.",
+            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.",
+        )
+    ),
+    MESSAGES.filter(lambda m: m.strip() == m and bool(m)),
+)
+
+
+class TestCarriedCauses:
+    """Wrapper lines that carry their cause: the parser hands the cause over."""
+
+    @given(cause=CAUSES, method=st.from_regex(r"[a-z_]{1,30}", fullmatch=True))
+    def test_exception_in_worker_while_processing_method(self, cause: str, method: str) -> None:
+        """vLLM V0's worker wrapper: `Exception in worker W while processing method M: <cause>,
+        Traceback (most recent call last):` carries the cause and opens the traceback."""
+        line = (
+            f"(VllmWorkerProcess pid=500) ERROR 04-12 05:35:29 [multiproc_worker_utils.py:238] "
+            f"Exception in worker VllmWorkerProcess while processing method {method}: {cause}, "
+            "Traceback (most recent call last):"
+        )
+        carried = carried_cause(parse_line(LogLine(text=line)).text)
+        assert carried is not None
+        assert (cause, f"worker method {method}") == (carried.cause, carried.wrapper)
+        assert annotate([LogLine(text=line)]).roles == [Role.HEADER]
+
+    def test_a_worker_wrapper_without_its_cause_carries_none(self) -> None:
+        """vLLM 0.7's form ends at the method's name: it carries nothing."""
+        text = "Exception in worker VllmWorkerProcess while processing method load_model."
+        assert carried_cause(text) is None
+
+    @given(cause=CAUSES, exception=st.sampled_from(("ImportError", "ModuleNotFoundError")))
+    def test_failed_to_import_with_an_exception(self, cause: str, exception: str) -> None:
+        """`Failed to import from vllm._C with ImportError('...')` carries the ImportError."""
+        quote = '"' if "'" in cause else "'"
+        for joiner in (" with ", ": "):
+            text = f"Failed to import from vllm._C{joiner}{exception}({quote}{cause}{quote})"
+            carried = carried_cause(text)
+            assert carried is not None
+            assert f"{exception}: {cause}" == carried.cause
+
+    @given(cause=CAUSES, exception=st.sampled_from(("RuntimeError", "ValueError")))
+    def test_error_in_model_execution(self, cause: str, exception: str) -> None:
+        """vLLM V0 re-raises a model's error as `type(e)(f"Error in model execution (input
+        dumped to X): {e}")`: the class and the message are the cause's."""
+        for dumped in ("", " (input dumped to /tmp/err_execute_model_input_20250111.pkl)"):
+            carried = carried_cause(f"{exception}: Error in model execution{dumped}: {cause}")
+            assert carried is not None
+            assert f"{exception}: {cause}" == carried.cause
+
+    @given(exception=st.sampled_from(("ValueError", "RuntimeError", "AssertionError")))
+    def test_ray_task_error_names_the_class(self, exception: str) -> None:
+        """`ray.exceptions.RayTaskError(ValueError): ray::...` names the class raised inside."""
+        text = (
+            f"ray.exceptions.RayTaskError({exception}): ray::RayWorkerWrapper.execute_method() "
+            "(pid=2103, ip=10.0.0.5, actor_id=9f1c)"
+        )
+        carried = carried_cause(text)
+        assert carried is not None
+        assert exception == carried.cause
+
+    @given(message=MESSAGES)
+    def test_plain_lines_carry_nothing(self, message: str) -> None:
+        """A line of no wrapper form carries no cause."""
+        assert carried_cause(message) is None
+
+    def test_a_message_that_opens_a_traceback_is_its_intro(self) -> None:
+        """`logger.exception("EngineCore failed to start.")` prints its message, then the
+        traceback: the message introduces the block (it names no cause of its own)."""
+        p = "(EngineCore_DP0 pid=563) ERROR 12-23 23:34:23 [core.py:708] "
+        ann = annotate(
+            [
+                LogLine(text=t)
+                for t in (
+                    f"{p}Available KV cache memory: -2.77 GiB",
+                    f"{p}EngineCore failed to start.",
+                    f"{p}Traceback (most recent call last):",
+                    f'{p}  File "/v/core.py", line 699, in run_engine_core',
+                    "[TP0] Scheduler hit an exception: Traceback (most recent call last):",
+                    '  File "/s/scheduler.py", line 2534, in run_scheduler_process',
+                )
+            ]
+        )
+        assert [block.intro for block in ann.blocks] == [1, 4]

@@ -9,7 +9,10 @@ line by line) and the log level. This module does only that and knows nothing of
 
 `parse_line` handles one line; `annotate` runs a small state machine per process that labels
 every line (frame, code, exception, ...) and groups traceback lines into `TracebackBlock`s,
-linking chained tracebacks ("The above exception was the direct cause ...").
+linking chained tracebacks ("The above exception was the direct cause ...") and noting the
+message that introduced one (`logger.exception("EngineCore failed to start.")`).
+`carried_cause` reads the wrappers that carry their cause inside one line (`Exception in worker
+W while processing method M: <cause>`, `Failed to import from M with ImportError('...')`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ _SYSLOG = (
 )
 _TGI = (
     r"(?P<tgi>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? +(?P<tgi_level>TRACE|DEBUG|INFO|WARN|"
-    r"ERROR) (?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
+    r"ERROR) (?!\d\d-\d\d )"  # not vLLM's `ERROR 02-06 16:34:06` after a container's time
+    r"(?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
     r"[\w./-]+\.rs:\d+: )*))"
 )
 _ISO = r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: |$))"
@@ -80,6 +84,11 @@ _GLOG = (
 _C10D = r"(?P<c10d>\[(?P<c10d_level>[IWEF])(?:\d{3,4} [\d:.]+)? [\w./-]+:\d+\] ?)"
 # NCCL `host:pid:tid [dev] file.cc:N NCCL WARN ...` (the text keeps `NCCL WARN`).
 _NCCL = r"(?P<nccl>[\w.-]+:(?P<nccl_pid>\d+):\d+ \[\d+\] (?:[\w./-]+:\d+ )?(?=NCCL ))"
+# fastchat's model worker `2024-02-20 21:46:23 | ERROR | stderr | ` (date already gone).
+_PIPE = r"(?P<pipe>\| (?P<pipe_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \| (?:[\w.-]+ \| )?)"
+# Python's warnings module `/x/dispatcher.py:138: FutureWarning: ...` (the text keeps the
+# category): a warning, whatever the journal's priority says.
+_PYWARN = r"(?P<pywarn>[^\s:]+\.pyx?:\d+: (?=[A-Z]\w*Warning: ))"
 
 
 def _alt(*patterns: str) -> re.Pattern[str]:
@@ -93,8 +102,12 @@ _OUTER_ALPHA = _alt(_SYSLOG, _KERNEL)
 _COMPOSE_RX = re.compile(_COMPOSE)
 _INNER_LEVEL = _alt(_CLOUD, _VLLM, _CUSTOM, _RAY, _GLOG)
 _PYLOG_RX = re.compile(_PYLOG)
-_INNER_BRACKET = _alt(_SGLANG, _C10D)
+_INNER_BRACKET = _alt(_SGLANG, _C10D, _RANK)
 _NCCL_RX = re.compile(_NCCL)
+# A process tag can follow a logger's prefix too (Ray's actor tag inside a vLLM or SGLang line).
+_INNER_PAREN = re.compile(_PROC)
+_PIPE_RX = re.compile(_PIPE)
+_PYWARN_RX = re.compile(_PYWARN)
 
 
 def _match_outer(text: str, pos: int) -> re.Match[str] | None:
@@ -125,14 +138,21 @@ def _match_inner(text: str, pos: int) -> re.Match[str] | None:
         m = _INNER_LEVEL.match(text, start)
     elif ch == "[":
         m = _INNER_BRACKET.match(text, start)
+    elif ch == "(":
+        m = _INNER_PAREN.match(text, start)
     elif ch == "-":
         m = _PYLOG_RX.match(text, start)
+    elif ch == "|":
+        m = _PIPE_RX.match(text, start)
     if m is None and ch.isalnum() and "NCCL " in text:
         m = _NCCL_RX.match(text, start)
+    if m is None and ch and not ch.isspace() and "Warning: " in text:
+        m = _PYWARN_RX.match(text, start)
     return m
 
 
-_ANSI = re.compile(r"\x1b?\[\d{1,3}(?:;\d{1,3})*m")
+# An escape sequence (CSI), or a colour code pasted without its ESC (`[36m`, `[0;36m`).
+_ANSI = re.compile(r"\x1b\[[\d;?]*[A-Za-z]|\x1b?\[\d{1,3}(?:;\d{1,3})*m")
 # Found from its `[`, the spaces before it stripped apart: a leading `\s*` made the search
 # quadratic on a long run of spaces (0.9 s for 16k).
 _REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*$")
@@ -174,8 +194,9 @@ def _clean(raw: str) -> str:
     # Pasted with the colour parameters lost: only the `^[` marks are left, where they stood.
     if "^[" in text:
         text = text.replace("^[", "")
-    # Ray's colour codes arrive as ESC sequences or, pasted, as bare `[36m` ... `[0m` remnants.
-    if "\x1b" in text or "[0m" in text:
+    # Colour codes (Ray's actor tags, vLLM's levels) arrive as ESC sequences or, pasted, as
+    # bare `[36m` ... `[0m` remnants, a reset or not, anywhere in the line.
+    if "[" in text and ("\x1b" in text or _ANSI.search(text) is not None):
         text = _ANSI.sub("", text)
         if "across cluster]" in text and (m := _REPEATED.search(text)) is not None:
             text = text[: m.start()].rstrip()
@@ -203,6 +224,7 @@ def _outer(
 
 
 _INNER_LEVEL_GROUP = {
+    "pipe": "pipe_level",
     "cloud": "cloud_level",
     "pylog": "pylog_level",
     "vllm": "vllm_level",
@@ -227,6 +249,12 @@ def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | Non
         level = "WARNING" if m.string.startswith("NCCL WARN", m.end()) else "INFO"
     elif kind == "sglang" and m.group("sglang_rank"):
         process = m.group("sglang_rank").strip()
+    elif kind == "proc":
+        process = f"pid:{m.group('proc_pid')}"
+    elif kind == "rank":
+        process = f"rank{m.group('rank_no')}"
+    elif kind == "pywarn":
+        level = "WARNING"
     return process, level
 
 
@@ -332,6 +360,9 @@ class TracebackBlock:
     details: list[int] = field(default_factory=list)
     ignored: bool = False  # printed by `Exception ignored in:`, never a crash
     chained_from: int | None = None  # block id of the traceback this one was raised from
+    # The message that introduced it: `logger.exception(msg)` prints msg, then the traceback
+    # (or `msg: Traceback (most recent call last):` on one line, the header itself).
+    intro: int | None = None
 
 
 @dataclass(slots=True)
@@ -343,6 +374,7 @@ class Annotated:
     roles: list[Role]
     block_of: list[int]  # block id per line, -1 outside tracebacks
     blocks: list[TracebackBlock]
+    intros: frozenset[int] = frozenset()  # lines that introduced a traceback (block.intro)
 
 
 # `File "x.py", line 12, in fn`; Python's faulthandler writes `File "x.py", line 12 in fn`.
@@ -372,6 +404,7 @@ class _State:
     exc_level: str | None = None
     pending_chain: int | None = None  # block id a following traceback is chained from
     pending_ignored: bool = False
+    message: int | None = None  # this process's previous line, when it was a message
 
 
 def is_exception_line(text: str, *, in_traceback: bool) -> bool:
@@ -411,11 +444,13 @@ class _Annotator:
             process = self._process_of(line)
             state = self.states.setdefault(process, _State())
             role = self._step(len(self.roles), line, state, process)
+            state.message = len(self.roles) if role is Role.MESSAGE else None
             self.processes.append(process)
             self.roles.append(role)
             self.block_of.append(state.block if role not in (Role.MESSAGE, Role.CHAIN) else -1)
             self._last_process = process
-        return Annotated(self.lines, self.processes, self.roles, self.block_of, self.blocks)
+        intros = frozenset(b.intro for b in self.blocks if b.intro is not None)
+        return Annotated(self.lines, self.processes, self.roles, self.block_of, self.blocks, intros)
 
     def _process_of(self, line: ParsedLine) -> str:
         """The line's process; un-prefixed traceback lines join the traceback open before them."""
@@ -441,7 +476,9 @@ class _Annotator:
         text = line.text
         stripped = text.strip()
         if text.endswith(_TB_HEADER):
+            intro = index if stripped != _TB_HEADER else state.message
             self._open(index, state, process)
+            self.blocks[state.block].intro = intro
             return Role.HEADER
         if stripped in _CHAIN_MARKERS:
             state.pending_chain = state.block if state.block >= 0 else None
@@ -503,9 +540,11 @@ def annotate(lines: Sequence[LogLine]) -> Annotated:
 _PANIC = re.compile(
     r"^thread '(?P<thread>[^']*)' panicked at (?:'(?P<quoted>.*)', )?(?P<at>\S+:\d+:\d+):?$"
 )
+# argparse's `prog: error: ...`; clap (TGI's launcher) writes `error: ...` with no program.
 _USAGE_ERROR = re.compile(
-    r"^[\w./-]+(?: [\w./-]+)?: error: (?:argument |unrecognized arguments|the following "
-    r"arguments are required|invalid choice|ambiguous option|expected one argument|unknown)"
+    r"^(?:[\w./-]+(?: [\w./-]+)?: )?error: (?:argument |unrecognized arguments|the following "
+    r"(?:required )?arguments (?:are|were not) |invalid (?:choice|value)|ambiguous option|"
+    r"expected one argument|unexpected argument|unknown)"
 )
 _CLICK_ERROR = re.compile(
     r"^Error: (?:No such option|No such command|Invalid value|Missing (?:argument|option)|Got "
@@ -514,6 +553,11 @@ _CLICK_ERROR = re.compile(
 _TERMINATE = "terminate called after throwing an instance of "
 _WHAT = "what():"
 _FATAL_PYTHON = "Fatal Python error: "
+# A compiler's or linker's own error line (a JIT build at startup: triton, flashinfer, a torch
+# extension): `x.c:5:10: fatal error: Python.h: ...`, `ld: cannot find -lcuda`, `nvcc fatal`.
+_BUILD_ERROR = re.compile(
+    r"^(?:\S+:\d+:\d+: fatal error: |(?:\S*/)?ld(?:\.\w+)?: cannot find -l|nvcc fatal\s*: )"
+)
 _FOLLOWING_LINES = 3  # how far a panic's message or C++'s what() may be from its first line
 
 
@@ -522,23 +566,46 @@ def crash_form(ann: Annotated, index: int) -> str | None:
 
     A Rust panic (`thread 'main' panicked at src/main.rs:12:5:`, its message on the next line
     since Rust 1.73, in quotes before that), an argparse or click usage error, C++'s
-    `terminate called after throwing an instance of 'X'` with its `what():` line, and Python's
-    faulthandler (`Fatal Python error: Segmentation fault`).
+    `terminate called after throwing an instance of 'X'` with its `what():` line, Python's
+    faulthandler (`Fatal Python error: Segmentation fault`), and a compiler's or linker's
+    error line (`main.c:5:10: fatal error: Python.h: No such file or directory`).
     """
     text = ann.lines[index].text.strip()
     if text.startswith("thread '") and (m := _PANIC.match(text)) is not None:
         message = m.group("quoted") or _next_text(ann, index) or ""
         return f"{message} (Rust panic in thread '{m.group('thread')}' at {m.group('at')})"
-    if (" error: " in text and _USAGE_ERROR.match(text)) or (
+    if ("error: " in text and _USAGE_ERROR.match(text)) or (
         text.startswith("Error: ") and _CLICK_ERROR.match(text)
     ):
         return text
     if text.startswith(_TERMINATE):
         what = _next_text(ann, index, startswith=_WHAT)
         return f"{text}: {what}" if what else text
-    if text.startswith(_FATAL_PYTHON):
+    if text.startswith(_FATAL_PYTHON) or _BUILD_ERROR.match(text):
         return text
     return None
+
+
+_EXCEPTION_NAME = re.compile(r"((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::|$)")
+_THROWN = re.compile(r"instance of '(?:\w+::)*(\w+)'")
+# `raise ValueError(f"...")` or `raise errors.X("...")`: a class being constructed, not a
+# re-raise of a variable (`raise e`, `raise exc from None`).
+_RAISE = re.compile(r"raise\s+((?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s*\(")
+
+
+def exception_name(text: str) -> str | None:
+    """The class an exception line (or C++'s `terminate ... instance of 'X'`) names."""
+    if text.startswith(_TERMINATE):
+        m = _THROWN.search(text)
+        return m.group(1) if m else None
+    m = _EXCEPTION_NAME.match(text)
+    return m.group(1).rsplit(".", 1)[-1] if m else None
+
+
+def raise_statement(code: str) -> str | None:
+    """The class a `raise X(...)` source line constructs, or None for any other line."""
+    m = _RAISE.match(code.strip())
+    return m.group(1).rsplit(".", 1)[-1] if m else None
 
 
 def _next_text(ann: Annotated, index: int, *, startswith: str = "") -> str | None:
@@ -550,4 +617,83 @@ def _next_text(ann: Annotated, index: int, *, startswith: str = "") -> str | Non
         text = ann.lines[later].text.strip()
         if text and text.startswith(startswith):
             return text
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The cause a wrapper line carries inside it, and which wrapper that was."""
+
+    wrapper: str
+    cause: str  # an exception line (`ImportError: ...`), a message, or only a class name
+
+
+_EXC_NAME = r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)"
+# Wrappers that carry the cause in their own line, each with a `cause` group, and the class
+# in `exc` when the wrapper names it apart from the message.
+_CARRIERS = (
+    # vLLM <= 0.6's worker processes: `logger.error("Exception in worker %s while processing
+    # method %s: %s, %s", name, method, e, traceback)`, the traceback starting on this line.
+    (
+        "worker method {method}",
+        re.compile(
+            r"Exception in worker \S+ while processing method (?P<method>\w+): (?P<cause>.+?)"
+            r"(?:, Traceback \(most recent call last\):)?$"
+        ),
+    ),
+    # vLLM's `_custom_ops` and platform detection warn with the import's exception.
+    (
+        "import of {module}",
+        re.compile(
+            rf"Failed to import from (?P<module>[\w.]+)(?: with|:) (?P<exc>{_EXC_NAME})"
+            r"\((?P<q>['\"])(?P<cause>.*)(?P=q)\)$"
+        ),
+    ),
+    # vLLM V0 re-raises a model's error as `type(err)(f"Error in model execution (input
+    # dumped to {path}): {err}")`: the class is the original's.
+    (
+        "model execution",
+        re.compile(
+            rf"(?P<exc>{_EXC_NAME}): Error in model execution(?: \([^)]*\))?: (?P<cause>.+)$"
+        ),
+    ),
+    # vLLM V1's executor: `Worker failed with error '{e}', please check the stack trace above`.
+    (
+        "worker",
+        re.compile(
+            rf"(?:{_EXC_NAME}: )?Worker failed with error '(?P<cause>.*)', please check the "
+            r"stack trace above"
+        ),
+    ),
+    # Ray: `ray.exceptions.RayTaskError(ValueError): ray::Actor.method() (pid=..., ip=...)`;
+    # the message is in the traceback that follows, the class is here.
+    ("Ray task", re.compile(r"(?:ray\.exceptions\.)?RayTaskError\((?P<cause>\w+)\): ")),
+)
+_CARRIER_WORDS = (
+    "Exception in worker",
+    "Failed to import",
+    "Error in model",
+    "Worker failed",
+    "RayTaskError",
+)
+
+
+def carried_cause(text: str) -> Carried | None:
+    """The cause a wrapper carries inside `text` (a line without its prefixes), or None.
+
+    `Exception in worker W while processing method M: <cause>, Traceback ...` (vLLM V0's
+    workers), `Failed to import from M with ImportError('<cause>')`, `RuntimeError: Error in
+    model execution (input dumped to P): <cause>`, `Worker failed with error '<cause>'` and
+    `RayTaskError(ValueError): ...` (the class only)."""
+    if not any(word in text for word in _CARRIER_WORDS):
+        return None
+    for name, pattern in _CARRIERS:
+        m = pattern.match(text)
+        if m is None:
+            continue
+        groups = m.groupdict()
+        cause = groups["cause"]
+        if groups.get("exc"):
+            cause = f"{groups['exc']}: {cause}"
+        return Carried(wrapper=name.format(**groups), cause=cause)
     return None
