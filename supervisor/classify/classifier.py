@@ -5,12 +5,19 @@ Pure: lines in, `Verdict` out; no IO, no logging. The steps:
 1. `logline.annotate` strips prefixes, de-interleaves processes and reassembles tracebacks.
 2. Every line that can carry a cause (not a frame or code line) is matched against the table.
 3. Candidates are ranked by tier: a line matching a cause signature; an exception line no
-   signature knows; an error-level message no signature knows; a generic wrapper
-   (`Engine core initialization failed`, `Worker died`) last, because a wrapper only points at a
-   cause printed elsewhere. Noise lines and `Exception ignored in` tracebacks are never
-   candidates. Within a tier the higher signature priority wins (a specific diagnosis over a
-   generic consequence), then the earliest line: Python prints the cause of a chained traceback
-   first, and across processes the first failure is the cause of the others.
+   signature knows (or, in a traceback cut before its exception line, the innermost frame's
+   `raise X(...)` statement); an error-level message no signature knows; a quieter line whose
+   words the lexicon reads as a cause (a warning that carries an exception, an unlevelled line
+   printed before the server took requests); a generic wrapper (`Engine core initialization
+   failed`, `Worker died`) last, because a wrapper only points at a cause printed elsewhere.
+   What no signature lists is known for a wrapper by its form (the message that introduced a
+   traceback, a line ending in `:`) and its words (the lexicon's pointers, `See root cause
+   above`). An error the program says it coped with (`retrying`, `falling back`) ranks with
+   the quieter lines. Noise lines and `Exception ignored in` tracebacks are never candidates,
+   nor is a line a client could have written (see `clients_from`). Within a tier the higher
+   signature priority wins (a specific diagnosis over a generic consequence), then the earliest
+   line: Python prints the cause of a chained traceback first, and across processes the first
+   failure is the cause of the others.
 
 An exception with no message (`AssertionError`, `TimeoutError`) says nothing by itself; its
 failing source line (`assert param_data.shape == ...`) becomes the root-cause text, and
@@ -36,6 +43,7 @@ from types import MappingProxyType
 from ..environment.serving import is_serving_line
 from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from .fingerprint import fingerprint
+from .lexicon import CAUSE_READINGS, Lexicon, Reads, default_lexicon
 from .logline import (
     INFO_LEVELS,
     Annotated,
@@ -43,8 +51,11 @@ from .logline import (
     Role,
     TracebackBlock,
     annotate,
+    carried_cause,
     crash_form,
+    exception_name,
     parse_line,
+    raise_statement,
 )
 from .signatures import SignatureMatch, SignatureTable
 
@@ -88,6 +99,23 @@ _MODEL_PATHS = (
 
 
 @dataclass(frozen=True, slots=True)
+class CauseFacts:
+    """What the root cause's line and traceback say beside its text, for determinism.assess."""
+
+    # The text whose wording counts: the cause a wrapper carries; None: the verdict's own.
+    words: str | None = None
+    # The class it names: its exception line, a carried cause's, or a raise statement's.
+    exception: str | None = None
+    frame: str | None = None  # the innermost frame of its traceback: where it was raised
+    raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
+    pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
+    guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count
+
+
+NO_FACTS = CauseFacts()
+
+
+@dataclass(frozen=True, slots=True)
 class _Candidate:
     """A line that may be the root cause."""
 
@@ -111,10 +139,12 @@ class Classifier:
         *,
         max_line_chars: int = 4096,
         cause_window_s: float = DEFAULT_CAUSE_WINDOW_S,
+        lexicon: Lexicon | None = None,
     ) -> None:
         self.table = table
         self.max_line_chars = max_line_chars
         self.cause_window_us = int(cause_window_s * 1_000_000)
+        self.lexicon = lexicon or default_lexicon()
 
     def classify(
         self, lines: Sequence[LogLine], *, context_before_us: int | None = None
@@ -123,46 +153,63 @@ class Classifier:
 
         Lines logged before `context_before_us` (journal time) are context, not causes.
         """
+        return self._classify(lines, context_before_us)[0]
+
+    def _classify(
+        self, lines: Sequence[LogLine], context_before_us: int | None
+    ) -> tuple[Verdict, CauseFacts]:
         ann = annotate(lines)
         opened = clients_from(ann.lines)
         candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, opened))]
+        candidates += self._raise_statements(ann)
         crashed_blocks = [b for b in ann.blocks if not b.ignored]
         if not candidates:
-            return _no_cause(crashed_blocks)
+            return _no_cause(ann, crashed_blocks), _site_only(ann, crashed_blocks)
         if context_before_us is not None:
             candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
         best = _raised_instead(ann, best, candidates)
-        return self._verdict(ann, best, crashed_blocks)
+        return self._verdict(ann, best, crashed_blocks), self._facts(ann, best)
 
     def classify_invocation(self, invocation: Invocation) -> Verdict:
         """The verdict for one ended invocation, with what the journal says of how it ended."""
+        return self.examine(invocation)[0]
+
+    def examine(self, invocation: Invocation) -> tuple[Verdict, CauseFacts]:
+        """`classify_invocation`'s verdict and what its root cause's traceback says beside it
+        (the class, the raise site: determinism.judge weighs them)."""
         ending = invocation.ending
         if ending in _NOT_A_RUN:
-            return _not_a_run(ending)
+            return _not_a_run(ending), NO_FACTS
         context_before = None
         if invocation.served_us is not None and invocation.ended_us is not None:
             context_before = invocation.ended_us - self.cause_window_us
-        verdict = self.classify(invocation.lines, context_before_us=context_before)
+        verdict, facts = self._classify(invocation.lines, context_before)
         if verdict.from_context:
-            verdict = _prefer_the_end(verdict, invocation)
+            verdict, facts = _prefer_the_end(verdict, invocation), NO_FACTS
             if not invocation.failed:
                 verdict = dataclasses.replace(verdict, crashed=False)
         if ending is Ending.BOOT:
-            return dataclasses.replace(
+            verdict = dataclasses.replace(
                 verdict,
                 title="Ended with the boot",
                 severity=Severity.UNKNOWN,
                 crashed=False,
                 notes=(*verdict.notes, "the host rebooted (or lost power) before the unit ended"),
             )
+            return verdict, NO_FACTS
         if invocation.failed and verdict.root_cause is None:
-            verdict = _failed_without_cause(verdict, invocation, self._is_noise)
-        return dataclasses.replace(verdict, notes=(*verdict.notes, *_loss_notes(invocation)))
+            verdict = _failed_without_cause(verdict, invocation, self._is_noise, self._reads)
+            facts = dataclasses.replace(facts, guessed=True)
+        return dataclasses.replace(verdict, notes=(*verdict.notes, *_loss_notes(invocation))), facts
 
     def _is_noise(self, text: str) -> bool:
         match = self.table.match(text)
         return match is not None and match.signature.kind == "noise"
+
+    def _reads(self, text: str) -> bool:
+        """The lexicon reads `text`'s words as a cause (not a pointer, not a coped report)."""
+        return self.lexicon.line_kind(text) in CAUSE_READINGS
 
     def for_the_phase(self, verdict: Verdict, *, served: bool) -> Verdict:
         """A signature's severity for the phase it crashed in, when the table names one
@@ -202,13 +249,11 @@ class Classifier:
         if ann.roles[index] is Role.MESSAGE and _client_may_write(ann.lines[index], index, opened):
             return None
         block = self._block(ann, index)
-        candidate = self._candidate_line(ann, index, block)
-        if candidate is None or block is None or not _handles_a_request(ann, block):
-            return candidate
-        return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
+        candidate = self._candidate_line(ann, index, block, opened)
+        return _in_context(ann, block, candidate)
 
     def _candidate_line(
-        self, ann: Annotated, index: int, block: TracebackBlock | None
+        self, ann: Annotated, index: int, block: TracebackBlock | None, opened: int
     ) -> _Candidate | None:
         role = ann.roles[index]
         if role not in _MATCHED_ROLES:
@@ -239,11 +284,88 @@ class Classifier:
                 # below an error; a traceback's last line is the exception whatever its level.
                 return dataclasses.replace(candidate, tier=_TIER_WARNING)
             return candidate
-        if role is Role.EXCEPTION or special is not None:
+        return self._unlisted(ann, index, text, special is not None, opened)
+
+    def _unlisted(
+        self, ann: Annotated, index: int, text: str, special: bool, opened: int
+    ) -> _Candidate | None:
+        """A line no signature knows, ranked by its form and by what its words say."""
+        role, line = ann.roles[index], ann.lines[index]
+        carried = carried_cause(line.text)
+        error = role is Role.MESSAGE and line.level in _ERROR_LEVELS and _is_prose(line.text)
+        loud = role is Role.EXCEPTION or special or error or carried is not None
+        # A quieter line (unlevelled, or a warning carrying an exception) printed before the
+        # server took requests: its words can name the cause when nothing louder does.
+        quiet = (
+            role is Role.MESSAGE
+            and line.level not in INFO_LEVELS
+            and index < opened
+            and (line.level is None or carried is not None)
+            and _is_prose(line.text)
+        )
+        if not (loud or quiet):
+            return None
+        kind = self.lexicon.line_kind(carried.cause if carried else text)
+        if kind is Reads.POINTER:
+            return _Candidate(_TIER_WRAPPER, 0, index, text, None)
+        if error and kind is None and not special and _introduces(ann, index):
+            # It only introduces what follows: it says less than a wrapper that reports.
+            return _Candidate(_TIER_WRAPPER, -1, index, text, None)
+        if role is Role.EXCEPTION or special:
             return _Candidate(_TIER_EXCEPTION, 0, index, text, None)
-        if role is Role.MESSAGE and line.level in _ERROR_LEVELS and _is_prose(line.text):
+        if error:
+            # An error the program says it coped with (a retry) ranks below the errors.
+            tier = _TIER_WARNING if kind is Reads.HANDLED else _TIER_ERROR
+            return _Candidate(tier, 0, index, text, None)
+        if role is Role.HEADER:  # `Exception in worker W while processing method M: <cause>`
             return _Candidate(_TIER_ERROR, 0, index, text, None)
+        if quiet and kind in CAUSE_READINGS:
+            return _Candidate(_TIER_WARNING, 0, index, text, None)
         return None
+
+    def _raise_statements(self, ann: Annotated) -> list[_Candidate]:
+        """A traceback cut before its exception line still shows, in its innermost frame, the
+        `raise X("...")` statement that raised it: that statement is the cause."""
+        found: list[_Candidate] = []
+        for block in ann.blocks:
+            if block.ignored or block.exception is not None or not block.frames:
+                continue
+            code = block.code.get(block.frames[-1])
+            if code is None or raise_statement(ann.lines[code].text) is None:
+                continue
+            text = ann.lines[code].text.strip()[: self.max_line_chars]
+            match = self.table.match(text, frames=[ann.lines[f].text for f in block.frames])
+            candidate = (
+                _from_match(code, text, match)
+                if match is not None
+                else _Candidate(_TIER_EXCEPTION, 0, code, text, None)
+            )
+            if (candidate := _in_context(ann, block, candidate)) is not None:
+                found.append(candidate)
+        return found
+
+    def _facts(self, ann: Annotated, best: _Candidate) -> CauseFacts:
+        """What the chosen line and its traceback say beside the line's words."""
+        block = self._block(ann, best.index)
+        role, line = ann.roles[best.index], ann.lines[best.index]
+        frame = ann.lines[block.frames[-1]].text if block is not None and block.frames else None
+        carried = carried_cause(line.text)
+        raised = raise_statement(line.text) if role is Role.CODE else None
+        if raised is not None:
+            exception: str | None = raised
+        elif carried is not None:
+            exception = exception_name(carried.cause)
+        elif role is Role.EXCEPTION or best.tier == _TIER_EXCEPTION:
+            exception = exception_name(line.text.strip())
+        else:
+            exception = None
+        return CauseFacts(
+            words=carried.cause if carried else None,
+            exception=exception,
+            frame=frame,
+            raise_statement=raised is not None,
+            pointer=best.tier == _TIER_WRAPPER,
+        )
 
     def _verdict(
         self, ann: Annotated, best: _Candidate, crashed_blocks: list[TracebackBlock]
@@ -269,6 +391,29 @@ class Classifier:
             confidence=_CONFIDENCE[best.tier],
             phase_hint=_phase_hint(ann, self._block(ann, best.index), crashed_blocks),
         )
+
+
+def _in_context(
+    ann: Annotated, block: TracebackBlock | None, candidate: _Candidate | None
+) -> _Candidate | None:
+    """One request's failure (its handler's traceback) is context only."""
+    if candidate is None or block is None or not _handles_a_request(ann, block):
+        return candidate
+    return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
+
+
+def _introduces(ann: Annotated, index: int) -> bool:
+    """The line only introduces what follows: the message `logger.exception` printed before
+    its traceback, or a line ending in `:` (`Shard complete standard error output:`)."""
+    return index in ann.intros or ann.lines[index].text.rstrip().endswith(":")
+
+
+def _site_only(ann: Annotated, crashed: list[TracebackBlock]) -> CauseFacts:
+    """With no cause line, the innermost frame of the last crashed traceback is all there is."""
+    for block in reversed(crashed):
+        if block.frames:
+            return CauseFacts(frame=ann.lines[block.frames[-1]].text)
+    return NO_FACTS
 
 
 def _raised_instead(ann: Annotated, best: _Candidate, candidates: list[_Candidate]) -> _Candidate:
@@ -459,8 +604,8 @@ def _notes(ann: Annotated, best: _Candidate, crashed: list[TracebackBlock]) -> l
     return notes
 
 
-def _no_cause(crashed_blocks: list[TracebackBlock]) -> Verdict:
-    """The verdict when no line could be the root cause."""
+def _no_cause(ann: Annotated, crashed_blocks: list[TracebackBlock]) -> Verdict:
+    """The verdict when no line could be the root cause (its frames may still tell the phase)."""
     if crashed_blocks:
         return Verdict(
             signature=None,
@@ -470,6 +615,7 @@ def _no_cause(crashed_blocks: list[TracebackBlock]) -> Verdict:
             crashed=True,
             captures=EMPTY,
             notes=("a traceback was printed but its exception line is missing (cut off)",),
+            phase_hint=_phase_hint(ann, None, crashed_blocks),
         )
     return Verdict(
         signature=None, severity=Severity.UNKNOWN, title="No crash found", root_cause=None
@@ -524,7 +670,10 @@ def _prefer_the_end(verdict: Verdict, invocation: Invocation) -> Verdict:
 
 
 def _failed_without_cause(
-    verdict: Verdict, invocation: Invocation, is_noise: Callable[[str], bool]
+    verdict: Verdict,
+    invocation: Invocation,
+    is_noise: Callable[[str], bool],
+    reads_as_cause: Callable[[str], bool],
 ) -> Verdict:
     """A failed invocation always names its best candidate line, and how sure that is: never
     "No crash found". With no line at all, its lines were lost (or it printed none)."""
@@ -538,7 +687,7 @@ def _failed_without_cause(
         cause = invocation.end_message or _how_it_ended(invocation)
     else:
         title = "Failed without an error line"
-        guess, last = best_guess(invocation.lines, is_noise)
+        guess, last = best_guess(invocation.lines, is_noise, reads_as_cause)
         if invocation.oom_killed or invocation.exit_code in ("killed", "dumped"):
             # A signal or the OOM killer ended it: that is the cause the journal knows.
             guess, last = None, guess or last
@@ -584,9 +733,12 @@ _LOOKS_BAD = re.compile(
 
 
 def best_guess(
-    lines: Sequence[LogLine], is_noise: Callable[[str], bool] = lambda _: False
+    lines: Sequence[LogLine],
+    is_noise: Callable[[str], bool] = lambda _: False,
+    reads_as_cause: Callable[[str], bool] = lambda _: False,
 ) -> tuple[str | None, str | None]:
-    """The last line that looks like trouble, and the last line that says anything, both
+    """The last line that looks like trouble (error words, or, before the server took
+    requests, words the lexicon reads as a cause), and the last line that says anything, both
     without their prefixes.
 
     Skipped: blank lines, caret markers, a traceback's frames, their source lines and its glue
@@ -607,7 +759,7 @@ def best_guess(
             continue
         if last is None:
             last = text
-        if _LOOKS_BAD.search(text):
+        if _LOOKS_BAD.search(text) or (index < opened and reads_as_cause(text)):
             return text, last
     return None, last
 

@@ -1,26 +1,42 @@
 """Will the next start crash the same way? Evidence beside the signatures.
 
-The signature table will never list every message. What generalises is what the daemon already
-knows about an ended invocation:
+The signature table will never list every message. What generalises is what an engineer reads
+in a crash no signature knows, each piece named in the verdict's `severity_reason`:
 
-- *phase*: did it ever serve (a serving line, requests handled, or it ran `good_start_s`)? A
-  crash during startup repeats with the same config and packages; one after hours of serving is
-  more likely load- or request-triggered.
-- *the exception*: classes that do not change between attempts with the same inputs (an import
-  error, an undefined symbol, AttributeError, TypeError, KeyError, a shape error, AssertionError,
-  NotImplementedError, ValueError and pydantic's validation errors, a usage error, a missing
-  model path, a Rust panic in `main`, a linker or compiler error), before the server ever
-  served, versus those that can change (connection errors, timeouts). Both kinds in one line,
-  a guessed line (no error line at all), or a run whose start was not read: no inference.
+- *the phase*: did it ever serve (a serving line, requests handled, or it ran `good_start_s`)?
+  A crash during startup repeats with the same config and packages; one after hours of serving
+  is more likely load- or request-triggered, so after serving nothing is inferred fatal.
+- *the words* of the cause (the lexicon, config/lexicon.toml, read by `lexicon.py`): "is not
+  supported", "does not match", "cannot find", "out of memory" before serving say the same
+  start meets it again; "timed out", "429 Too Many Requests", "Connection reset", "used by
+  other processes" say the next may not. Read for any class, RuntimeError included, and for
+  lines with no class; a wrapper's carried cause is read, not the wrapper.
+- *the numbers* of a memory check: more wanted than the device has at all never fits; more
+  than is free, but not than in all, means another process holds the rest.
+- *the class*: an import error, a KeyError, a ValueError (deterministic) or a ConnectionError,
+  a TimeoutError (not); RuntimeError, Exception and OSError say nothing either way.
+- *the raise site*: the innermost frame's module or function (argument parsing, model and
+  weight loading, kernel selection, a `_check_*` function, an import; or distributed, HTTP,
+  hub code). Supporting evidence only: it tips an unknown crash, never settles one.
+- *the raise statement*: a traceback cut before its exception line still shows, in its
+  innermost frame, the `raise ValueError("...")` that raised it (the classifier makes that
+  line the cause; its class and words count as an exception line's).
+- *how it ended*: the main process killed by SIGKILL, SIGTERM or the OOM killer was killed
+  from outside; nothing in the start itself says that happens again.
 - *drift*: a change in the served environment since the last good start.
-- *repetition* is the policy's (supervisor.decide.policy): the same fingerprint ending consecutive
-  invocations, each within the same short time of starting.
+- *repetition* is the policy's (supervisor.decide.policy): the same fingerprint ending
+  consecutive starts, each after about the same time.
 
-`assess` turns a verdict whose severity no signature settled into an inferred one, and says
-why in one line a person can check ("fatal (inferred): KeyError before the server ever served:
-the same inputs raise it again"). A signature's severity stands (the table may name another
-one for a phase: `startup_severity`, `serving_severity`); an unknown crash after serving
-stays unknown.
+Each clue has a strength (weak, strong, decisive); the reading whose strongest clue is
+stronger wins, equal strengths on both sides are a conflict. `assess` infers fatal on a strong
+deterministic win before the server ever served, transient on a strong indeterminate win in
+any phase, and otherwise leaves the crash unknown, saying which way the weak evidence leans
+(`Verdict.leaning`: the policy halts an unknown crash that leans fatal on its second identical
+start instead of its third). A root-cause line the classifier is not sure of (a warning, a
+wrapper, a guess) never makes a crash fatal or transient, only leans. A signature's severity
+stands (the table may name another one for a phase: `startup_severity`, `serving_severity`),
+except a family's catch-all's (a negative priority: "a CUDA error" of no more specific kind,
+transient by default): before serving, strong evidence in its own line settles it instead.
 """
 
 from __future__ import annotations
@@ -28,46 +44,21 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model import Invocation, Severity, Verdict
+from .classifier import NO_FACTS, CauseFacts
+from .lexicon import Clue, Lexicon, Reads, Strength, default_lexicon, strongest
 
 if TYPE_CHECKING:
     from .classifier import Classifier
 
 _MAX_CAUSE_CHARS = 4096  # the classifier's own cap on a root-cause line
-# argparse's and clap's (TGI's launcher) usage errors.
-_USAGE_ERROR = (
+_CLASS = re.compile(r"(?:^|[\s(])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
+_USAGE = re.compile(
     r"\berror: (?:argument |unrecognized arguments|the following (?:required )?arguments|"
     r"invalid (?:choice|value)|unexpected argument)"
-)
-_USAGE = re.compile(_USAGE_ERROR)
-# Exceptions and crash forms that a restart with the same inputs raises again.
-_DETERMINISTIC = re.compile(
-    r"\b(?:ModuleNotFoundError|ImportError|PackageNotFoundError|AttributeError|TypeError|"
-    r"KeyError|IndexError|NameError|SyntaxError|AssertionError|NotImplementedError|"
-    r"ValueError|ValidationError|JSONDecodeError|TOMLDecodeError|FileNotFoundError|"
-    r"IsADirectoryError|NotADirectoryError|HFValidationError|RepositoryNotFoundError|"
-    r"RevisionNotFoundError|EntryNotFoundError|GatedRepoError|OfflineModeIsEnabled|"
-    r"LocalEntryNotFoundError|SafetensorError|UnpicklingError|UnicodeDecodeError|"
-    r"OverflowError|ZeroDivisionError|RecursionError|UnboundLocalError|PermissionError)\b"
-    r"|undefined symbol|[Ss]ymbol not found|cannot open shared object file|"
-    rf"{_USAGE_ERROR}|\(Rust panic in thread 'main'|\bld(?:\.\w+)?: cannot find|collect2: error|"
-    r": fatal error: |nvcc fatal|ninja: build stopped|Error building extension|"
-    r"does not exist|is not supported|not compiled with|size mismatch for|"
-    r"Error\(s\) in loading state_dict|Failed to infer device type|No CUDA GPUs are available"
-)
-# Errors a restart may not meet again: the network, a peer, a timeout, memory under load.
-_INDETERMINATE = re.compile(
-    r"\b(?:ConnectionError|ConnectionRefusedError|ConnectionResetError|ConnectionAbortedError|"
-    r"TimeoutError|ReadTimeout|ConnectTimeout|ReadTimeoutError|ConnectTimeoutError|"
-    r"ProtocolError|RemoteDisconnected|DistNetworkError|DistStoreError|BrokenPipeError|"
-    r"HfHubHTTPError|ChunkedEncodingError|ConnectError)\b"
-    r"|[Tt]imed? ?out|[Tt]emporary failure in name resolution|Name or service not known|"
-    r"Connection (?:refused|reset|closed)|Network is unreachable|[Ww]atchdog|"
-    r"(?:[Cc]ouldn't|[Cc]ould not|[Ff]ailed to|[Uu]nable to) connect to|"
-    r"[Cc]heck your (?:internet )?connection|Internet connection is|"
-    r"\b50[234]\b[^\n]{0,80}?(?:Server Error|Gateway|Unavailable)"
 )
 
 
@@ -107,19 +98,121 @@ def judge(
 ) -> tuple[Verdict, Phase]:
     """The whole judgement of an ended invocation, as the pipeline makes it: the classifier's
     verdict, the phase, the signature's severity for that phase, then `assess`."""
-    verdict = classifier.classify_invocation(invocation)
+    verdict, facts = classifier.examine(invocation)
     phase = phase_of(invocation, good_start_s, verdict.phase_hint)
     # A start not read counts as served for a signature's phase severity: a startup-only
     # "fatal" is for a crash known to be one of startup.
     verdict = classifier.for_the_phase(verdict, served=phase.served or not phase.start_seen)
-    return assess(verdict, invocation, phase, drift), phase
+    signature = classifier.table.get(verdict.signature) if verdict.signature else None
+    catch_all = signature is not None and signature.kind == "cause" and signature.priority < 0
+    verdict = assess(
+        verdict,
+        invocation,
+        phase,
+        drift,
+        facts=facts,
+        lexicon=classifier.lexicon,
+        catch_all=catch_all,
+    )
+    return verdict, phase
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The clues of one crash and where they point."""
+
+    clues: tuple[Clue, ...]
+    reads: Reads | None  # the winning reading; None: no clue, or a conflict
+    strength: Strength | None  # the winning reading's strongest clue
+    conflict: bool  # equally strong clues point both ways
+
+    def describe(self) -> str:
+        """The clues, for a person to check: `words 'is not supported' (not_supported), ...`."""
+        return ", ".join(c.describe() for c in self.clues) or "no clue"
+
+    @property
+    def leaning(self) -> Severity | None:
+        """The severity the evidence points to, however weak."""
+        if self.reads is Reads.DETERMINISTIC:
+            return Severity.FATAL
+        if self.reads is Reads.INDETERMINATE:
+            return Severity.TRANSIENT
+        return None
+
+    def settles(self) -> bool:
+        """Strong enough to settle a severity without a signature."""
+        return self.strength is not None and self.strength >= Strength.STRONG
+
+
+def weigh(
+    verdict: Verdict,
+    facts: CauseFacts = NO_FACTS,
+    lexicon: Lexicon | None = None,
+    invocation: Invocation | None = None,
+) -> Evidence:
+    """The clues of the root cause's words, class and raise site, and of how the invocation
+    ended, weighed against each other. A line that only points at a cause printed elsewhere
+    says nothing by its words, nor does a guess (the last line that looked like trouble): then
+    only the traceback's frame and the ending count."""
+    lexicon = lexicon or default_lexicon()
+    cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
+    clues: list[Clue] = []
+    if invocation is not None and (ended := _killed_from_outside(invocation)) is not None:
+        clues.append(ended)
+    if not (facts.pointer or facts.guessed):
+        words = (facts.words or cause)[:_MAX_CAUSE_CHARS]
+        clues.extend(lexicon.words(words))
+        if (numbers := lexicon.capacity(words)) is not None:
+            clues.append(numbers)
+        exception = facts.exception if facts is not NO_FACTS else _exception_kind(cause)
+        if (by_class := lexicon.exception(exception)) is not None:
+            clues.append(by_class)
+    if (site := lexicon.site(facts.frame)) is not None:
+        clues.append(site)
+    deterministic = strongest(clues, Reads.DETERMINISTIC)
+    indeterminate = strongest(clues, Reads.INDETERMINATE)
+    if deterministic == indeterminate:  # both None, or a conflict
+        return Evidence(tuple(clues), None, deterministic, conflict=deterministic is not None)
+    if (deterministic or 0) > (indeterminate or 0):
+        return Evidence(tuple(clues), Reads.DETERMINISTIC, deterministic, conflict=False)
+    return Evidence(tuple(clues), Reads.INDETERMINATE, indeterminate, conflict=False)
+
+
+# The main process killed by SIGKILL or SIGTERM with no stop job (that is Ending.STOPPED): the
+# OOM killer, a person, an orchestrator. A crash inside dumps core or exits with a status.
+_OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM"}
+
+
+def _killed_from_outside(invocation: Invocation) -> Clue | None:
+    """How systemd says the invocation ended, when that was a kill from outside."""
+    if invocation.oom_killed:
+        said = "killed by the OOM killer"
+    elif invocation.exit_code == "killed" and invocation.exit_status in _OUTSIDE_SIGNALS:
+        said = f"killed by {_OUTSIDE_SIGNALS[invocation.exit_status]}"
+    else:
+        return None
+    return Clue("killed_from_outside", Reads.INDETERMINATE, Strength.STRONG, said, "ended")
 
 
 def assess(
-    verdict: Verdict, invocation: Invocation, phase: Phase, drift: Sequence[str] = ()
+    verdict: Verdict,
+    invocation: Invocation,
+    phase: Phase,
+    drift: Sequence[str] = (),
+    *,
+    facts: CauseFacts = NO_FACTS,
+    lexicon: Lexicon | None = None,
+    catch_all: bool = False,
 ) -> Verdict:
-    """The verdict with a severity for a crash no signature settled, its basis and reason."""
+    """The verdict with a severity for a crash no signature settled, its basis and reason.
+
+    `catch_all`: the verdict's signature is a family's fallback (a negative priority: "a CUDA
+    error" of no more specific kind). Its severity is the table's default for words it cannot
+    tell apart; before the server ever served, strong evidence of the other severity in the
+    line's own words settles it instead."""
     changed = f"; changed since the last good start: {'; '.join(drift)}" if drift else ""
+    if catch_all and (overruled := _overruled(verdict, invocation, phase, facts, lexicon)):
+        return overruled
     if verdict.severity is not Severity.UNKNOWN:
         basis = "signature" if verdict.signature else "inferred"
         reason = f"{verdict.severity.value} ({basis} {verdict.signature or ''}".rstrip()
@@ -134,58 +227,100 @@ def assess(
     if verdict.basis == "signature":
         return verdict  # the table's word for this phase: unknown (classify.for_the_phase)
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
-    kind = _exception_kind(cause)
+    kind = _exception_kind(cause) or (facts.exception if facts.raise_statement else None)
+    evidence = weigh(verdict, facts, lexicon, invocation)
+    clues = f"; evidence: {evidence.describe()}"
     if not phase.served and not phase.start_seen:
         return _unknown(
             verdict,
             f"unknown: {kind or 'a crash'} of a run whose start was not in the journal read "
-            "(how long it ran, and whether it served, are not known)",
+            f"(how long it ran, and whether it served, are not known){clues}",
         )
     if verdict.confidence == "low":
         return _unknown(
             verdict,
             f"unknown: no error line names the cause ({kind or 'a guess'}) "
-            f"{phase.describe()}; halted only when the same crash repeats",
+            f"{phase.describe()}{_leans(evidence)}{clues}",
+            evidence.leaning,
+        )
+    if evidence.conflict:
+        return _unknown(
+            verdict,
+            f"unknown: {kind or 'an error'} {phase.describe()} whose evidence reads both as "
+            f"deterministic and as a network, timeout or busy error{_repeats(phase)}{clues}",
+        )
+    if evidence.reads is Reads.INDETERMINATE and evidence.settles():
+        return _inferred(
+            verdict,
+            Severity.TRANSIENT,
+            f"transient (inferred): {kind or 'a network, timeout or busy error'} "
+            f"{phase.describe()}: a restart may not meet it again{clues}",
         )
     if phase.served:
         return _unknown(
             verdict,
             f"unknown: {kind or 'a crash'} {phase.describe()}: a restart may work, and repeats "
-            "after serving are no proof",
+            f"after serving are no proof{clues}",
         )
-    deterministic, indeterminate = _DETERMINISTIC.search(cause), _INDETERMINATE.search(cause)
-    if deterministic and indeterminate:
-        return _unknown(
-            verdict,
-            f"unknown: {kind or 'an error'} {phase.describe()} that reads as both a "
-            "deterministic error and a network or timeout one; halted only when it repeats",
-        )
-    if indeterminate:
-        return _inferred(
-            verdict,
-            Severity.TRANSIENT,
-            f"transient (inferred): {kind or 'a network or timeout error'} "
-            f"{phase.describe()}: a restart may not meet it again",
-        )
-    if deterministic:
+    if evidence.reads is Reads.DETERMINISTIC and evidence.settles():
         return _inferred(
             verdict,
             Severity.FATAL,
             f"fatal (inferred): {kind or 'a deterministic error'} {phase.describe()}: the "
-            f"same inputs raise it again{changed}",
+            f"same inputs raise it again{clues}{changed}",
         )
-    if drift:
+    if drift and evidence.reads is not Reads.INDETERMINATE:
         return _inferred(
             verdict,
             Severity.FATAL,
             f"fatal (inferred): a crash {phase.describe()}, right after the environment "
-            f"changed{changed}",
+            f"changed{changed}{clues}",
         )
     return _unknown(
         verdict,
-        f"unknown: {kind or 'no known error'} {phase.describe()}; halted only when the same "
-        "crash repeats",
+        f"unknown: {kind or 'no known error'} {phase.describe()}{_leans(evidence)}{clues}",
+        evidence.leaning,
     )
+
+
+def _overruled(
+    verdict: Verdict,
+    invocation: Invocation,
+    phase: Phase,
+    facts: CauseFacts,
+    lexicon: Lexicon | None,
+) -> Verdict | None:
+    """A catch-all signature's severity, when its line's evidence strongly says the other."""
+    if phase.served or not phase.start_seen or verdict.confidence == "low":
+        return None
+    if verdict.severity not in (Severity.FATAL, Severity.TRANSIENT):
+        return None
+    evidence = weigh(verdict, facts, lexicon, invocation)
+    severity = evidence.leaning
+    if not evidence.settles() or severity is None or severity is verdict.severity:
+        return None
+    kind = _exception_kind((verdict.root_cause or "")[:_MAX_CAUSE_CHARS]) or "an error"
+    return _inferred(
+        verdict,
+        severity,
+        f"{severity.value} (inferred): {kind} {phase.describe()}; the table's catch-all "
+        f"'{verdict.signature}' says {verdict.severity.value} for any such error, its own "
+        f"words say more; evidence: {evidence.describe()}",
+    )
+
+
+def _leans(evidence: Evidence) -> str:
+    """How the policy treats an unknown crash, by the way its evidence leans."""
+    if evidence.leaning is Severity.FATAL:
+        return (
+            "; the evidence leans deterministic but is too weak to settle it: halted when the "
+            "same crash ends the next start after about the same time"
+        )
+    return "; halted only when the same crash repeats"
+
+
+def _repeats(phase: Phase) -> str:
+    return "; halted only when it repeats" if not phase.served else ""
 
 
 def _inferred(verdict: Verdict, severity: Severity, reason: str) -> Verdict:
@@ -194,13 +329,14 @@ def _inferred(verdict: Verdict, severity: Severity, reason: str) -> Verdict:
     )
 
 
-def _unknown(verdict: Verdict, reason: str) -> Verdict:
+def _unknown(verdict: Verdict, reason: str, leaning: Severity | None = None) -> Verdict:
     return dataclasses.replace(
-        verdict, basis="unknown", confidence=verdict.confidence or "low", severity_reason=reason
+        verdict,
+        basis="unknown",
+        confidence=verdict.confidence or "low",
+        severity_reason=reason,
+        leaning=leaning,
     )
-
-
-_CLASS = re.compile(r"(?:^|[\s(])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt))\b")
 
 
 def _exception_kind(text: str) -> str | None:

@@ -1,0 +1,313 @@
+"""The determinism model reads a crash no signature knows as an engineer would: its words, its
+class, where it was raised, the raise statement of a cut traceback, what wraps it, how the
+run ended; each verdict names the evidence it used. Cases are the kinds issue 23 lists (real
+crash logs collected after the corpus), written here as short lines of their own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from corpus_judge import GOOD_START_S, failed_invocation
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_supervisor.classify.classifier import Classifier
+from vllm_supervisor.classify.determinism import judge
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.model import Action, Invocation, Severity, Verdict
+
+V1 = "(EngineCore_DP0 pid=563) ERROR 12-23 23:34:23 [core.py:708] "
+SITE = "/opt/venv/lib/python3.12/site-packages"
+SERVING = "INFO:     Application startup complete."
+
+
+@pytest.fixture(scope="module", name="empty")
+def _empty() -> SignatureTable:
+    """No signature at all: everything below is the model's own reading."""
+    return SignatureTable([])
+
+
+@pytest.fixture(scope="module", name="table")
+def _table() -> SignatureTable:
+    """The shipped table less its signature for a missing kernel image, so that only its
+    catch-all for any CUDA error knows that line."""
+    shipped = load_signature_table()
+    return SignatureTable([s for s in shipped.signatures if s.id != "cuda_no_kernel_image"])
+
+
+def _judge(table: SignatureTable, texts: list[str], **changes: object) -> Verdict:
+    invocation = dataclasses.replace(failed_invocation(texts), **changes)  # type: ignore[arg-type]
+    verdict, _ = judge(Classifier(table), invocation, GOOD_START_S)
+    return verdict
+
+
+def _traceback(*frames: tuple[str, str], exception: str | None) -> list[str]:
+    lines = [f"{V1}Traceback (most recent call last):"]
+    for frame, code in frames:
+        lines += [f"{V1}  {frame}", f"{V1}    {code}"]
+    return [*lines, f"{V1}{exception}"] if exception else lines
+
+
+LOADER = (f'File "{SITE}/vllm/model_executor/model_loader/loader.py", line 9, in load_model', "x")
+
+
+class TestWordsOfAnyClass:
+    @pytest.mark.parametrize(
+        "exception",
+        [
+            # An optional kernel backend not available.
+            "RuntimeError: The FlashInfer sampling kernels are not available on this platform",
+            # Quantized weights that cannot be loaded for the model.
+            "RuntimeError: Cannot load AWQ weights into Gemma3ForCausalLM: unsupported layout",
+            # A workspace budget exceeded while loading.
+            "RuntimeError: Requested workspace (2.1 GiB) exceeds the accelerator's budget",
+            # Plain memory short while loading.
+            "torch.AcceleratorError: CUDA error: out of memory",
+        ],
+    )
+    def test_a_runtime_error_worded_deterministic_is_fatal(
+        self, empty: SignatureTable, exception: str
+    ) -> None:
+        """A RuntimeError says nothing by its class; its words say a restart cannot change it."""
+        verdict = _judge(empty, _traceback(LOADER, exception=exception))
+        assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+        assert verdict.severity_reason is not None
+        assert "before the server ever served" in verdict.severity_reason
+        assert "evidence: words " in verdict.severity_reason
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            # A placement that gives the driver no GPU.
+            "ERROR 05-02 10:01:02 [ray_utils.py:77] Current node has no GPU available. "
+            "current_node_resource={'CPU': 8.0}, node_ip=10.0.0.3",
+            # An architecture with no implementation.
+            "ERROR 05-02 10:01:02 [registry.py:310] Model architecture FooForCausalLM has no "
+            "vLLM implementation",
+            # An environment variable that does not parse as a number.
+            "ERROR 05-02 10:01:02 [envs.py:40] VLLM_PORT='80a' is not a valid integer",
+        ],
+    )
+    def test_an_error_line_with_no_class(self, empty: SignatureTable, line: str) -> None:
+        """An error-level line with no exception class is read by its words."""
+        verdict = _judge(empty, [line])
+        assert verdict.root_cause == line.split("] ", 1)[1]
+        assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+
+    def test_a_hub_429_is_transient(self, empty: SignatureTable) -> None:
+        """HTTP 429 from the model hub: the textbook transient, never halted."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                (f'File "{SITE}/huggingface_hub/utils/_http.py", line 477, in hf_raise', "x"),
+                exception="huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many "
+                "Requests for url: https://huggingface.co/api/models/org/model",
+            ),
+        )
+        assert (verdict.severity, verdict.basis) == (Severity.TRANSIENT, "inferred")
+        decisions = [
+            RestartPolicy().decide(failed_invocation(["x"]), verdict).action for _ in range(5)
+        ]
+        assert Action.HALT not in decisions
+
+    def test_words_both_ways_stay_unknown(self, empty: SignatureTable) -> None:
+        """A missing file or the network: equally strong both ways, neither is inferred."""
+        verdict = _judge(
+            empty,
+            [f"{V1}OSError: cannot find config.json in the cache; check your internet connection"],
+        )
+        assert (verdict.severity, verdict.basis) == (Severity.UNKNOWN, "unknown")
+        assert verdict.severity_reason is not None
+        assert "both as deterministic and as a network" in verdict.severity_reason
+
+    def test_a_memory_checks_numbers_decide(self, empty: SignatureTable) -> None:
+        """More wanted than the GPU has at all is fatal; more than is free (a leftover process
+        holds the rest) is transient: the message's advice is the same in both."""
+        tail = "Decrease GPU memory utilization or reduce GPU memory used by other processes."
+        leftover = "ValueError: Free memory on device cuda:0 (1.5/22.0 GiB) on startup is less "
+        impossible = "ValueError: Free memory on device cuda:0 (21.5/22.0 GiB) on startup is less "
+        cases = {
+            leftover + f"than desired GPU memory utilization (0.9, 19.8 GiB). {tail}": (
+                Severity.TRANSIENT
+            ),
+            impossible + f"than desired GPU memory utilization (1.0, 40.0 GiB). {tail}": (
+                Severity.FATAL
+            ),
+        }
+        for line, severity in cases.items():
+            verdict = _judge(empty, [f"{V1}{line}"])
+            assert severity is verdict.severity, verdict.severity_reason
+            assert verdict.severity_reason is not None and "numbers " in verdict.severity_reason
+
+
+class TestWhatWrapsTheCause:
+    def test_an_ansi_ray_prefix_before_a_value_error(self, empty: SignatureTable) -> None:
+        """A Ray actor's tag in colour, after the logger's prefix: the ValueError is the cause."""
+        line = (
+            "ERROR 06-28 06:11:45 worker_base.py:145] \x1b[36m(RayWorkerWrapper pid=2103, "
+            "ip=10.0.0.5)\x1b[0m ValueError: Bfloat16 is only supported on GPUs with compute "
+            "capability of at least 8.0."
+        )
+        verdict = _judge(empty, [line])
+        assert verdict.root_cause is not None
+        assert verdict.root_cause.startswith("ValueError: Bfloat16 is only supported")
+        assert verdict.severity is Severity.FATAL
+
+    def test_a_worker_wrapper_carries_the_message(self, empty: SignatureTable) -> None:
+        """`Exception in worker ... while processing method init_device: <cause>` with the
+        traceback cut: the carried cause's words decide."""
+        verdict = _judge(
+            empty,
+            [
+                "(VllmWorkerProcess pid=500) ERROR 04-12 05:35:29 [multiproc_worker_utils.py:"
+                "238] Exception in worker VllmWorkerProcess while processing method init_device:"
+                " CUDA error: invalid device ordinal, Traceback (most recent call last):",
+                "(VllmWorkerProcess pid=500) ERROR 04-12 05:35:29 [multiproc_worker_utils.py:"
+                f'238]   File "{SITE}/vllm/worker/worker.py", line 166, in init_device',
+            ],
+        )
+        assert verdict.root_cause is not None and "invalid device ordinal" in verdict.root_cause
+        assert verdict.severity is Severity.FATAL
+
+    def test_the_raise_statement_of_a_cut_traceback(self, empty: SignatureTable) -> None:
+        """Cut before its exception line, the innermost frame still shows what it raised."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                (
+                    f'File "{SITE}/vllm/model_executor/layers/quantization/awq.py", line 88, '
+                    "in get_quant_method",
+                    'raise ValueError(f"Unsupported quantization layout {layout} for {arch}")',
+                ),
+                exception=None,
+            ),
+        )
+        assert verdict.root_cause == (
+            'raise ValueError(f"Unsupported quantization layout {layout} for {arch}")'
+        )
+        assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+
+    def test_a_message_that_only_introduces_is_a_wrapper(self, empty: SignatureTable) -> None:
+        """`EngineCore failed to start.` then a cut traceback: nothing is inferred from it."""
+        verdict = _judge(empty, [f"{V1}EngineCore failed to start.", *_traceback(exception=None)])
+        assert verdict.severity is Severity.UNKNOWN
+        assert verdict.confidence == "low"
+
+    def test_a_wrapper_ranks_below_a_quieter_cause(self, empty: SignatureTable) -> None:
+        """A warning carrying the import's exception explains more than the wrapper after it,
+        but, a warning, only leans."""
+        warning = (
+            "WARNING 06-13 11:42:20 _custom_ops.py:11] Failed to import from vllm._C with "
+            "ImportError('/v/vllm/_C.abi3.so: undefined symbol: _ZN5torch7Library')"
+        )
+        verdict = _judge(empty, [warning, f"{V1}EngineCore failed to start."])
+        assert verdict.root_cause is not None and "undefined symbol" in verdict.root_cause
+        assert (verdict.severity, verdict.leaning) == (Severity.UNKNOWN, Severity.FATAL)
+
+
+class TestRepetitionAndSafety:
+    def test_a_deterministic_lean_halts_on_the_second_identical_start(
+        self, empty: SignatureTable
+    ) -> None:
+        """A cut traceback in a `_check_*` function: unknown on the first crash, halted when
+        the same crash ends the next start after the same time."""
+        texts = _traceback(
+            (
+                f'File "{SITE}/vllm/worker/worker.py", line 231, in _check_if_gpu_supports_dtype',
+                "x",
+            ),
+            exception=None,
+        )
+        classifier, policy = Classifier(empty), RestartPolicy()
+        actions = []
+        for n in range(2):
+            invocation = failed_invocation(texts, invocation_id=f"{n:032x}")
+            verdict, phase = judge(classifier, invocation, GOOD_START_S)
+            actions.append(policy.decide(invocation, verdict, phase).action)
+        assert actions == [Action.ALLOW_RESTART, Action.HALT]
+
+    def test_a_kill_from_outside_is_no_deterministic_crash(self, empty: SignatureTable) -> None:
+        """An error line worded deterministic, then the main process SIGKILLed (the OOM killer
+        under a neighbour's load): the evidence disagrees, nothing is inferred."""
+        verdict = _judge(
+            empty,
+            [f"{V1}ValueError: dtype must be float16 for this kernel"],
+            exit_code="killed",
+            exit_status=9,
+        )
+        assert verdict.severity is Severity.UNKNOWN
+        assert verdict.severity_reason is not None and "killed by SIGKILL" in (
+            verdict.severity_reason
+        )
+
+    def test_a_catch_all_signature_gives_way_to_its_words(self, table: SignatureTable) -> None:
+        """`cuda_error_other` (any CUDA error, transient) before serving: 'no kernel image is
+        available' says fatal; an illegal memory access says nothing and keeps the table's
+        word."""
+        no_kernel = _judge(
+            table,
+            [
+                f"{V1}torch.AcceleratorError: CUDA error: no kernel image is available for "
+                "execution on the device"
+            ],
+        )
+        assert (no_kernel.severity, no_kernel.basis) == (Severity.FATAL, "inferred")
+        assert no_kernel.severity_reason is not None
+        assert "catch-all 'cuda_error_other'" in no_kernel.severity_reason
+        illegal = _judge(
+            table, [f"{V1}torch.AcceleratorError: CUDA error: an illegal memory access"]
+        )
+        assert (illegal.severity, illegal.basis) == (Severity.TRANSIENT, "signature")
+
+    def test_after_serving_only_transient_is_inferred(self, empty: SignatureTable) -> None:
+        """After serving, deterministic words prove nothing (the load decides); a timeout still
+        reads transient."""
+        served = {"served_us": 100_000_000, "ended_us": 4_000_000_000}
+        det = _judge(empty, [SERVING, f"{V1}ValueError: dtype must be float16"], **served)
+        timeout = _judge(empty, [SERVING, f"{V1}TimeoutError: the RPC timed out"], **served)
+        assert Severity.UNKNOWN is det.severity
+        assert Severity.TRANSIENT is timeout.severity
+
+    @settings(max_examples=80, deadline=None)
+    @given(
+        words=st.sampled_from(
+            (
+                "is not supported",
+                "out of memory",
+                "does not match",
+                "cannot find the model weights",
+                "undefined symbol: _ZN5torch",
+                "must be divisible by 2",
+            )
+        ),
+        level=st.sampled_from(("INFO", "WARNING", "")),
+    )
+    def test_a_line_after_serving_is_no_lexicon_evidence(
+        self, empty: SignatureTable, words: str, level: str
+    ) -> None:
+        """A quieter line once the server took requests (a client may have put any words in
+        it) never becomes the cause by its words, and nothing is inferred fatal."""
+        line = f"{level} 12-01 10:05:02 [logger.py:43] prompt: 'x {words}'" if level else words
+        verdict = _judge(
+            empty,
+            [SERVING, line],
+            served_us=100_000_000,
+            ended_us=150_000_000,
+        )
+        assert verdict.root_cause != line and (verdict.root_cause or "").find(words) < 0
+        assert verdict.severity is not Severity.FATAL
+
+    @settings(max_examples=60, deadline=None)
+    @given(texts=st.lists(st.text(max_size=120), max_size=12))
+    def test_every_assessed_crash_names_its_evidence(
+        self, empty: SignatureTable, texts: list[str]
+    ) -> None:
+        """Whatever the lines, an inferred or unknown crash's reason lists the evidence."""
+        invocation: Invocation = failed_invocation(texts)
+        verdict, _ = judge(Classifier(empty), invocation, GOOD_START_S)
+        if verdict.basis in ("inferred", "unknown"):
+            assert verdict.severity_reason is not None
+            assert "evidence: " in verdict.severity_reason
