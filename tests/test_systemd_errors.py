@@ -195,6 +195,15 @@ def outcome(unit: str | None = "vllm.service", invocation_id: str = "abc") -> Ou
     )
 
 
+HERE = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
+
+
+def actor_on(quarantine: Quarantine, client: SystemdClient) -> Actor:
+    """The daemon's actor, halting through `client` into `quarantine`."""
+    halter = Halter(quarantine, client, attempts=3, timeout_s=1)
+    return Actor(halter, client, Metrics(new_registry(process=False)))
+
+
 async def no_sleep(_: float) -> None:
     return None
 
@@ -244,15 +253,12 @@ class TestHalter:
         """A dry run writes no record, stops nothing and says what it would have done."""
         fake_systemd[1].sub = "auto-restart"
         q = Quarantine(tmp_path / "q")
-        actor = Actor(
-            Halter(q, client, attempts=3, timeout_s=1), client, Metrics(new_registry(process=False))
-        )
+        actor = actor_on(q, client)
         dry = dataclasses.replace(
             outcome(invocation_id=FAKE_INVOCATION),
             decision=Decision(action=Action.HALT, reason="known fatal crash", dry_run=True),
         )
-        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
-        recorded = await actor.carry_out(dry, here)
+        recorded = await actor.carry_out(dry, HERE)
         assert recorded.taken is Taken.WOULD_HALT
         assert "would quarantine vllm.service" in recorded.taken_detail
         assert q.list() == {}
@@ -269,11 +275,8 @@ class TestHalter:
         failed start, `gate_stopped`, in about 2 of 3 runs of the port e2e test)."""
         assert (await client.unit_state("vllm.service")).gated
         q = Quarantine(tmp_path / "q")
-        actor = Actor(
-            Halter(q, client, attempts=3, timeout_s=1), client, Metrics(new_registry(process=False))
-        )
-        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
-        recorded = await actor.carry_out(outcome(invocation_id=FAKE_INVOCATION), here)
+        actor = actor_on(q, client)
+        recorded = await actor.carry_out(outcome(invocation_id=FAKE_INVOCATION), HERE)
         assert recorded.taken is Taken.HALTED, recorded.taken_detail
         assert "its gate refuses the restart" in recorded.taken_detail
         assert q.read("vllm.service") is not None
@@ -290,11 +293,8 @@ class TestHalter:
         record keeps those starts off and the crash is told once; nothing is stopped."""
         fake_systemd[1].active, fake_systemd[1].sub = "failed", "failed"
         q = Quarantine(tmp_path / "q")
-        actor = Actor(
-            Halter(q, client, attempts=3, timeout_s=1), client, Metrics(new_registry(process=False))
-        )
-        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
-        recorded = await actor.carry_out(outcome(invocation_id=FAKE_INVOCATION), here)
+        actor = actor_on(q, client)
+        recorded = await actor.carry_out(outcome(invocation_id=FAKE_INVOCATION), HERE)
         assert recorded.taken is Taken.HALTED, recorded.taken_detail
         assert "nothing restarts it" in recorded.taken_detail
         record = q.read("vllm.service")
@@ -310,17 +310,12 @@ class TestHalter:
         """Active/exited with no process (RemainAfterExit=yes): systemd will not restart a unit
         it sees as active, so the supervisor does, where it would leave systemd to it."""
         fake_systemd[1].active, fake_systemd[1].sub = "active", "exited"
-        actor = Actor(
-            Halter(Quarantine(tmp_path / "q"), client, attempts=3, timeout_s=1),
-            client,
-            Metrics(new_registry(process=False)),
-        )
+        actor = actor_on(Quarantine(tmp_path / "q"), client)
         transient = dataclasses.replace(
             outcome(invocation_id=FAKE_INVOCATION),
             decision=Decision(action=Action.ALLOW_RESTART, reason="transient crash"),
         )
-        here = Here(machine_id="", boot_id="", now_us=0, act_window_s=60.0)
-        recorded = await actor.carry_out(transient, here)
+        recorded = await actor.carry_out(transient, HERE)
         # This bus refuses RestartUnit (DENY_RESTART): the attempt, not "systemd restarts it".
         assert recorded.taken is Taken.RESTART_FAILED, recorded.taken_detail
         assert recorded.taken_detail.startswith("could not restart it (its server exited")

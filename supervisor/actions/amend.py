@@ -17,12 +17,11 @@ import ctypes
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..util.files import fsync_directory
-from .quarantine import FILE_MODE, Quarantine
+from .quarantine import Quarantine
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -58,15 +57,8 @@ def amend(
         return False
     if not isinstance(record, dict) or record.get("invocation_id") != invocation_id:
         return False
-    data = json.dumps({**record, **extra}, indent=2, sort_keys=True) + "\n"
-    fd, name = tempfile.mkstemp(prefix=".tmp-", dir=quarantine.directory)
-    tmp = Path(name)
+    tmp = quarantine.staged({**record, **extra})
     try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
         with contextlib.suppress(OSError):
             kept = target.stat()
             os.utime(tmp, ns=(kept.st_atime_ns, kept.st_mtime_ns))

@@ -61,22 +61,32 @@ class Quarantine:
     def write(self, unit: str, record: dict[str, Any]) -> Path:
         """Quarantine `unit` with `record` (atomically replacing an older record)."""
         self._ensure_directory()
-        data = json.dumps({**record, "unit": unit}, indent=2, sort_keys=True) + "\n"
         target = self.path(unit)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        tmp = self.staged({**record, "unit": unit})
         try:
-            os.fchmod(fd, FILE_MODE)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            Path(tmp).replace(target)
+            tmp.replace(target)
         except BaseException:
             with contextlib.suppress(OSError):
-                Path(tmp).unlink()
+                tmp.unlink()
             raise
         fsync_directory(self.directory)
         return target
+
+    def staged(self, record: dict[str, Any]) -> Path:
+        """`record` written and synced to a new temporary file beside the records (the
+        caller renames it into place, or removes it)."""
+        fd, name = tempfile.mkstemp(prefix=".tmp-", dir=self.directory)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                Path(name).unlink()
+            raise
+        return Path(name)
 
     async def write_async(self, unit: str, record: dict[str, Any]) -> Path:
         """`write` from the event loop: its fsyncs run in aiofiles' worker thread, so a slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from dbus_fast import BusType, Message, MessageType, Variant
@@ -154,6 +154,13 @@ class SystemdClient:
     async def unit_property(self, unit: str, name: str) -> Any:
         """One property of the unit's org.freedesktop.systemd1.Unit interface."""
         return await self._get(await self._unit_path(unit), UNIT_IFACE, name)
+
+    async def properties(self, unit: str, wanted: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """A few properties of the unit, (interface, name) each, by name: one Get each, asked
+        at once (a GetAll of the Service interface carries some 200 to parse)."""
+        path = await self._unit_path(unit)
+        values = await asyncio.gather(*(self._get(path, iface, name) for iface, name in wanted))
+        return {name: value for (_, name), value in zip(wanted, values, strict=True)}
 
     async def exec_start(self, unit: str) -> list[str]:
         """The argv of the unit's first ExecStart= command (for environment drift checks)."""

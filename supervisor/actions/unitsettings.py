@@ -2,31 +2,16 @@
 
 Read over D-Bus, for the daemon at halt time and for the gate before a start: the properties
 are what systemd will run (after the last `daemon-reload`), which the unit files on disk need
-not be. One LoadUnit, then the few properties asked at once, each a Get (a GetAll of the Service
-interface would carry some 200 properties to parse).
+not be. One LoadUnit, then the few properties asked at once (SystemdClient.properties).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from dbus_fast import Message, MessageType, Variant
-from dbus_fast.errors import DBusError, DBusFastError
 
 from ..environment.fingerprint import UnitSettings
 from ..errors import SystemdError
-from .systemd import (
-    MANAGER_IFACE,
-    MANAGER_PATH,
-    PROPS_IFACE,
-    SERVICE_IFACE,
-    SYSTEMD_BUS_NAME,
-    UNIT_IFACE,
-    SystemdClient,
-    ask_once,
-    map_dbus_error,
-)
+from .systemd import SERVICE_IFACE, UNIT_IFACE, SystemdClient, ask_once
 
 _UNIT_PROPERTIES = ("LoadState", "FragmentPath", "DropInPaths", "NeedDaemonReload")
 _SERVICE_PROPERTIES = ("ExecStart", "Environment", "EnvironmentFiles")
@@ -37,13 +22,9 @@ async def unit_settings(client: SystemdClient, unit: str) -> UnitSettings | None
     Raises SystemdError."""
     if not unit.endswith(".service"):
         return None
-    path = str((await _call(client, MANAGER_PATH, MANAGER_IFACE, "LoadUnit", "s", [unit]))[0])
     asked = [(UNIT_IFACE, name) for name in _UNIT_PROPERTIES]
     asked += [(SERVICE_IFACE, name) for name in _SERVICE_PROPERTIES]
-    values = await asyncio.gather(
-        *(_call(client, path, PROPS_IFACE, "Get", "ss", [iface, name]) for iface, name in asked)
-    )
-    props = {name: _value(body) for (_, name), body in zip(asked, values, strict=True)}
+    props = await client.properties(unit, asked)
     if props["LoadState"] != "loaded":
         return None
     try:
@@ -78,35 +59,3 @@ def ask_unit_settings(unit: str, *, timeout_s: float) -> UnitSettings | None:
         return ask_once(question, timeout_s=timeout_s)
     except (SystemdError, OSError, TimeoutError):
         return None
-
-
-async def _call(
-    client: SystemdClient, path: str, interface: str, member: str, signature: str, body: list[Any]
-) -> list[Any]:
-    bus = await client.connected()
-    message = Message(
-        destination=SYSTEMD_BUS_NAME,
-        path=path,
-        interface=interface,
-        member=member,
-        signature=signature,
-        body=body,
-    )
-    what = f"{member}({', '.join(map(str, body))})"
-    try:
-        reply = await bus.call(message)
-    except (DBusFastError, OSError, EOFError) as exc:
-        raise map_dbus_error(exc, what) from exc
-    if reply.message_type is MessageType.ERROR:
-        error = DBusError(
-            reply.error_name or "org.freedesktop.DBus.Error.Failed",
-            str(reply.body[0]) if reply.body else "",
-            reply,
-        )
-        raise map_dbus_error(error, what) from error
-    return list(reply.body)
-
-
-def _value(body: list[Any]) -> Any:
-    value = body[0] if body else None
-    return value.value if isinstance(value, Variant) else value

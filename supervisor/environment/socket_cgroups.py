@@ -18,22 +18,15 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..util import sockdiag
+
 CGROUP_FS = Path("/sys/fs/cgroup")
-_NETLINK_SOCK_DIAG = 4
-_SOCK_DIAG_BY_FAMILY = 20
-_NLM_F_REQUEST = 0x1
-_NLM_F_DUMP = 0x300
-_NLMSG_ERROR = 2
-_NLMSG_DONE = 3
-_TCP_LISTEN = 10
 _INET_DIAG_CGROUP_ID = 21
-_HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _REQUEST = struct.Struct("=BBBBI48x")  # inet_diag_req_v2: family, protocol, ext, pad, states, id
 _PORT = struct.Struct(">H")  # inet_diag_sockid's sport, first in the id, network order
 _INODE = struct.Struct("=I")  # inet_diag_msg's inode, after expires, rqueue, wqueue and uid
 _INODE_AT = 68
 _MESSAGE_SIZE = 72
-_ATTRIBUTE = struct.Struct("=HH")  # nlattr: len, type
 _CGROUP_ID = struct.Struct("=Q")
 _MAX_CGROUPS = 100_000  # a walk of /sys/fs/cgroup stops here (hosts have hundreds)
 
@@ -59,20 +52,11 @@ def listening_cgroups(port: int) -> dict[int, int]:
 
 
 def _dump(family: int) -> list[DiagSocket]:
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as diag:
-        request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN)
-        flags = _NLM_F_REQUEST | _NLM_F_DUMP
-        header = _HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, flags, 1, 0)
-        diag.sendto(header + request, (0, 0))
-        sockets: list[DiagSocket] = []
-        while True:
-            data = diag.recv(1 << 16)
-            if not data:
-                raise OSError("sock_diag: the kernel closed the dump")
-            more, done = parse_dump(data)
-            sockets.extend(more)
-            if done:
-                return sockets
+    request = _REQUEST.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << sockdiag.TCP_LISTEN)
+    sockets: list[DiagSocket] = []
+    for data in sockdiag.dump(request):
+        sockets.extend(parse_dump(data)[0])
+    return sockets
 
 
 def parse_dump(data: bytes) -> tuple[list[DiagSocket], bool]:
@@ -80,19 +64,9 @@ def parse_dump(data: bytes) -> tuple[list[DiagSocket], bool]:
     OSError for an error message or a message cut short."""
     found: list[DiagSocket] = []
     done = False
-    offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, kind, _, _, _ = _HEADER.unpack_from(data, offset)
-        if length < _HEADER.size or offset + length > len(data):
-            raise OSError("sock_diag: a truncated netlink message")
-        payload = data[offset + _HEADER.size : offset + length]
-        offset += (length + 3) & ~3
-        if kind == _NLMSG_DONE:
-            done = True
-        elif kind == _NLMSG_ERROR:
-            (errno,) = struct.unpack_from("=i", payload) if len(payload) >= 4 else (0,)
-            raise OSError(-errno, "sock_diag refused the dump")
-        elif kind == _SOCK_DIAG_BY_FAMILY and len(payload) >= _MESSAGE_SIZE:
+    for kind, payload in sockdiag.messages(data):
+        done = done or sockdiag.is_done(kind)
+        if kind == sockdiag.SOCK_DIAG_BY_FAMILY and len(payload) >= _MESSAGE_SIZE:
             (port,) = _PORT.unpack_from(payload, 4)
             (inode,) = _INODE.unpack_from(payload, _INODE_AT)
             found.append(DiagSocket(port, inode, _cgroup_id(payload)))
@@ -100,14 +74,9 @@ def parse_dump(data: bytes) -> tuple[list[DiagSocket], bool]:
 
 
 def _cgroup_id(payload: bytes) -> int | None:
-    offset = _MESSAGE_SIZE
-    while offset + _ATTRIBUTE.size <= len(payload):
-        length, attribute = _ATTRIBUTE.unpack_from(payload, offset)
-        if length < _ATTRIBUTE.size:
-            return None
-        if attribute == _INET_DIAG_CGROUP_ID and length >= _ATTRIBUTE.size + _CGROUP_ID.size:
-            return int(_CGROUP_ID.unpack_from(payload, offset + _ATTRIBUTE.size)[0])
-        offset += (length + 3) & ~3
+    for attribute, value in sockdiag.attributes(payload, _MESSAGE_SIZE):
+        if attribute == _INET_DIAG_CGROUP_ID and len(value) >= _CGROUP_ID.size:
+            return int(_CGROUP_ID.unpack_from(value)[0])
     return None
 
 
