@@ -216,6 +216,25 @@ def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -
     return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
 
 
+REPEAT_NOTE = (
+    "Sent again: the supervisor restarted while sending this message, so Slack may already "
+    "have shown it once."
+)
+
+
+def as_repeat(payload: dict[str, Any]) -> dict[str, Any]:
+    """A queued message that may have gone out already, marked so at its top."""
+    if not isinstance(payload, dict):
+        return payload
+    note = {"type": "context", "elements": [{"type": "mrkdwn", "text": REPEAT_NOTE}]}
+    blocks = payload.get("blocks")
+    return {
+        **payload,
+        "text": f"(repeat) {payload.get('text', '')}",
+        "blocks": [note, *blocks] if isinstance(blocks, list) else [note],
+    }
+
+
 def build_payload(outcome: Outcome, *, host: str, group: Group | None = None) -> dict[str, Any]:
     """The webhook body for one crash (or a group of transient or late ones); pure."""
     action = outcome.taken

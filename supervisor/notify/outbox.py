@@ -6,7 +6,8 @@ so a message exists exactly when the crash it reports is recorded. `Outbox.run` 
 messages, marks the crashes `notified` in the history in the same transaction that marks the
 message sent, and survives supervisor restarts: each crash is announced once. (Only a crash of the
 supervisor between Slack's 200 and that commit can repeat a message: at-least-once at the wire,
-exactly-once in the database.)
+exactly-once in the database; the message is marked `sending` before its POST, so the repeat
+says it may be one.)
 
 While the database cannot be written (disk full), alerting goes on from memory: a 200 whose
 "sent" cannot be recorded is kept in memory (that message is not sent again) and recorded once
@@ -41,6 +42,7 @@ pending messages wait for a fixed URL: the daemon itself never stops for Slack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sqlite3
@@ -129,6 +131,13 @@ class Outbox:
         self._state_error: str | None = None  # the last write error, logged once
         self._queue = OutboxQueue(store)
         self._invalid = self._check_url(webhook)  # why Slack is off though configured
+        with contextlib.suppress(StateError):
+            if repeats := self._queue.interrupted():
+                _log.warning(
+                    "slack_sending_interrupted",
+                    count=repeats,
+                    action="sent again, marked as a possible repeat",
+                )
 
     def _check_url(self, webhook: SlackWebhook | None) -> str | None:
         """One error line, naming where the URL came from (never the URL), when it is unusable."""
@@ -311,6 +320,10 @@ class Outbox:
 
     async def _deliver(self, message: QueuedMessage) -> None:
         self._inflight = message.id
+        # Recorded before the POST: a kill between Slack's 200 and recording it would repeat
+        # the message after the restart, and the repeat then says so (queue.interrupted).
+        with contextlib.suppress(StateError):
+            self._queue.sending(message.id)
         try:
             error = await self._attempt(message.payload, message.attempts)
         finally:

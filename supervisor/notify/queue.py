@@ -19,6 +19,7 @@ from ..errors import StateError
 from ..model import Outcome
 from ..store import Store, mark_notified
 from .decision import Group, dedupe_key, group_key
+from .message import as_repeat
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -27,7 +28,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     created REAL NOT NULL,
     due REAL NOT NULL,                      -- not before this unix time
     attempts INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending | sent | failed
+    state TEXT NOT NULL DEFAULT 'pending',  -- pending | sending | sent | failed
     sent_at REAL,
     payload TEXT NOT NULL,                  -- the Slack JSON body
     last_error TEXT                         -- a bounded reason, never the URL
@@ -69,6 +70,32 @@ class OutboxQueue:
             store.connection.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise StateError(f"{store.path}: cannot create the outbox tables: {exc}") from exc
+
+    def interrupted(self) -> int:
+        """Messages a previous run was sending when it ended (killed between the POST and
+        recording its answer): Slack may have them. They go out again, saying so, rather
+        than not at all; the count of them."""
+        with self._store.transaction() as db:
+            rows = db.execute("SELECT id, payload FROM outbox WHERE state = 'sending'").fetchall()
+            for message_id, payload in rows:
+                try:
+                    marked = dump(as_repeat(json.loads(payload)))
+                except ValueError:
+                    marked = payload  # unrenderable: the delivery loop drops it with one line
+                db.execute(
+                    "UPDATE outbox SET state = 'pending', payload = ?,"
+                    " last_error = 'interrupted' WHERE id = ?",
+                    (marked, message_id),
+                )
+        return len(rows)
+
+    def sending(self, message_id: int) -> None:
+        """The POST of this message begins: a restart from here on finds it `sending`."""
+        with self._store.transaction() as db:
+            db.execute(
+                "UPDATE outbox SET state = 'sending' WHERE id = ? AND state = 'pending'",
+                (message_id,),
+            )
 
     def add(
         self,

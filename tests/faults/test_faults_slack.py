@@ -186,6 +186,37 @@ class TestSlowSlack:
         _assert_no_secret(sup)
 
 
+class TestKilledWhileSending:
+    """The supervisor killed (-9) between Slack taking a message and recording that it did."""
+
+    def test_the_message_sent_again_says_it_may_be_a_repeat(
+        self, tmp_path: Path, slack: SlackServer, make_supervisor: SupervisorFactory
+    ) -> None:
+        """Was: a kill -9 10 ms after a fatal crash sent the same Slack message twice, the
+        second with nothing to tell it from a new halt. Slack holds its answer here; the kill
+        comes while the POST waits. The next run sends it again (at-least-once: a webhook has
+        no idempotency key) marked as a possible repeat, once, and records it."""
+        slack.reply(Reply(delay_s=30.0))
+        sup = make_supervisor(slack_url=slack.url)
+        state = tmp_path / "state"
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(crash("fatal", 1))
+            sup.start()
+            wait_for(lambda: slack.count() == 1, what="the POST Slack holds")
+            sup.kill9()
+            sup.start()
+            wait_for(lambda: slack.count() == 2, what="the message sent again")
+            wait_for(lambda: len(_notified(state)) == 1, what="the delivery recorded")
+        assert sup.terminate() == 0, sup.stderr_text()
+        first, again = (r.json() for r in slack.requests)
+        assert again["text"] == f"(repeat) {first['text']}"
+        assert "restarted while sending" in json.dumps(again["blocks"][0])
+        assert again["blocks"][1:] == first["blocks"]
+        assert [row[0] for row in _outbox(state)] == ["sent"]
+        assert len(_events(sup, "slack_sending_interrupted")) == 1
+        _assert_no_secret(sup)
+
+
 def _self_signed(directory: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 that no trust store knows, and its key."""
     key = ec.generate_private_key(ec.SECP256R1())
