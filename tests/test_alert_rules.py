@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from vllm_supervisor.notify.alertmanager import RUNBOOK_URL, alert
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
-RULES_DIR = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+ROOT = Path(__file__).resolve().parent.parent
+RULES_DIR = ROOT / "deploy" / "prometheus"
+SEVERITIES = {"critical", "warning", "info"}  # what routes conventionally match on
 
 pytestmark = [
     pytest.mark.prometheus,
@@ -48,6 +51,88 @@ def test_every_alert_is_tested() -> None:
     names = [line.split(":", 1)[1].strip() for line in rules.splitlines() if "- alert:" in line]
     assert names
     assert [n for n in names if f"alertname: {n}" not in tests] == []
+
+
+def _rules() -> dict[str, str]:
+    """Each alert's name and the text of its rule (alerts.yml, one `- alert:` item each)."""
+    text = (RULES_DIR / "alerts.yml").read_text(encoding="utf-8")
+    items = re.split(r"^      - alert: ", text, flags=re.MULTILINE)[1:]
+    return {item.split("\n", 1)[0].strip(): item for item in items}
+
+
+def _github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file."""
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_every_alert_has_a_conventional_severity_and_a_runbook() -> None:
+    """Each alert's severity is one a route matches on (critical, warning, info), and its
+    runbook_url is a section of README.md that exists."""
+    anchors = _github_anchors((ROOT / "README.md").read_text(encoding="utf-8"))
+    rules = _rules()
+    assert len(rules) >= 9
+    for name, rule in rules.items():
+        severity = re.search(r"^\s+severity: (\S+)$", rule, flags=re.MULTILINE)
+        assert severity is not None and severity.group(1) in SEVERITIES, name
+        runbook = re.search(r"^\s+runbook_url: (\S+)$", rule, flags=re.MULTILINE)
+        assert runbook is not None, f"{name} has no runbook_url"
+        base, _, anchor = runbook.group(1).partition("#")
+        assert base == RUNBOOK_URL.partition("#")[0], name
+        assert anchor in anchors, f"{name}: README.md has no section #{anchor}"
+
+
+def test_the_rule_and_the_push_are_one_alert(tmp_path: Path) -> None:
+    """The rule VllmSupervisorUnitHalted, on the halted gauge scraped from a host, has exactly
+    the labels of the alert the daemon pushes for that halt, so Alertmanager keeps one."""
+    pushed = alert("vllm.service", {"signature": "flashinfer_cubin_mismatch"}, host="gpu-7")
+    labels = {k: v for k, v in pushed["labels"].items() if k != "alertname"}
+    case = {
+        "rule_files": [str(RULES_DIR / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": 'vllm_supervisor_unit_halted{instance="gpu-7:9464",'
+                        'job="vllm-supervisor",unit="vllm.service"}',
+                        "values": "1 1",
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "1m",
+                        "alertname": pushed["labels"]["alertname"],
+                        "exp_alerts": [
+                            {"exp_labels": labels, "exp_annotations": _rule_annotations()}
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "push_test.yml"
+    path.write_text(json.dumps(case), encoding="utf-8")  # JSON is valid YAML
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert pushed["annotations"]["runbook_url"] == RUNBOOK_URL
+
+
+def _rule_annotations() -> dict[str, str]:
+    """The halted rule's annotations for vllm.service on gpu-7, as alerts_test.yml has them."""
+    return {
+        "summary": "vllm.service on gpu-7 is halted after a fatal crash",
+        "description": "vllm-supervisor stopped the restart loop of vllm.service on gpu-7: the "
+        "crash is deterministic and a restart would repeat it. `vllm-supervisor status "
+        "vllm.service` on the host shows the root cause and the fix; after fixing it, run "
+        "`vllm-supervisor release vllm.service`.",
+        "runbook_url": RUNBOOK_URL,
+    }
 
 
 DASHBOARD = RULES_DIR.parent / "grafana" / "vllm-supervisor.json"

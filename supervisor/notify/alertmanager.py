@@ -13,6 +13,12 @@ resolved after its restart. A failed post is retried by the shared rule (util.re
 What can never succeed is not retried into a loop: a URL httpx cannot use stops the sink (one
 error line), a 4xx or alerts that cannot be encoded drop that round until the next `resend_s`;
 each is counted in `notifications_dropped_total{sink="alertmanager"}`.
+
+The alert is the shipped Prometheus rule's, label for label (alertname, host, unit, severity;
+deploy/prometheus/alerts.yml), so where both are configured Alertmanager deduplicates them into
+one alert and one notification per halt. Labels are only what the rule can know too: the crash's
+signature and its own severity travel as annotations, and `severity` is the routing one
+(`critical`: a unit is down).
 """
 
 from __future__ import annotations
@@ -44,6 +50,12 @@ from .webhook import (
 )
 
 ALERT_NAME = "VllmSupervisorUnitHalted"
+SEVERITY = "critical"  # a halted unit serves nothing until someone acts: it pages
+# The README section that says what a halt is and what to do (the rule's runbook_url too).
+RUNBOOK_URL = (
+    "https://github.com/vllm-supervisor/vllm-supervisor/blob/main/README.md"
+    "#vllmsupervisorunithalted"
+)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS alert_firing (
     unit TEXT PRIMARY KEY,
@@ -61,21 +73,19 @@ Quarantined = Callable[[], Mapping[str, Mapping[str, Any]]]
 
 
 def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
-    """The firing alert of a unit's quarantine record (labels are bounded: no free text)."""
-    labels = {
-        "alertname": ALERT_NAME,
-        "unit": unit,
-        "host": host,
-        "signature": str(record.get("signature") or "unknown"),
-        "severity": str(record.get("severity") or "unknown"),
-    }
+    """The firing alert of a unit's quarantine record: the labels the shipped rule gives the
+    same halt (bounded, no free text); what only the record knows goes in annotations."""
+    labels = {"alertname": ALERT_NAME, "host": host, "unit": unit, "severity": SEVERITY}
     annotations = {
         "summary": f"{unit} on {host} is halted: {record.get('title') or 'a fatal crash'}",
+        "signature": str(record.get("signature") or "unknown"),
+        "crash_severity": str(record.get("severity") or "unknown"),
         "root_cause": str(record.get("root_cause") or "no root-cause line found"),
         "remediation": str(record.get("remediation") or ""),
         "release": f"vllm-supervisor release {unit}",
         "invocation_id": str(record.get("invocation_id") or ""),
         "halted_since": str(record.get("time") or ""),
+        "runbook_url": RUNBOOK_URL,
     }
     return {"labels": labels, "annotations": {k: v for k, v in annotations.items() if v}}
 
