@@ -207,6 +207,53 @@ class TestWhatWrapsTheCause:
         assert verdict.root_cause is not None and "undefined symbol" in verdict.root_cause
         assert (verdict.severity, verdict.leaning) == (Severity.UNKNOWN, Severity.FATAL)
 
+    def test_a_caught_import_warning_ranks_below_the_error(self, table: SignatureTable) -> None:
+        """vLLM prints `Failed to import from vllm._C ...` (unlevelled here) and goes on: even
+        matched by a fatal signature it ranks below the exception that ended the start."""
+        without_noise = SignatureTable(
+            [s for s in table.signatures if s.id != "noise_vllm_c_module_missing"]
+        )
+        verdict = _judge(
+            without_noise,
+            [
+                "Failed to import from vllm._C: ModuleNotFoundError(\"No module named 'vllm._C'\")",
+                *_traceback(
+                    LOADER,
+                    exception="RuntimeError: Failed to infer device type, please set the "
+                    "environment variable `VLLM_LOGGING_LEVEL=DEBUG`",
+                ),
+            ],
+        )
+        assert verdict.root_cause is not None
+        assert verdict.root_cause.startswith("RuntimeError: Failed to infer device type")
+
+    def test_a_bare_failure_is_a_wrapper(self, empty: SignatureTable) -> None:
+        """`RuntimeError: Executor failed.` says only that something failed: the worker's
+        death logged before it is the cause."""
+        died = "Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting down."
+        verdict = _judge(
+            empty,
+            [
+                f"{V1}{died}",
+                *_traceback(LOADER, exception="RuntimeError: Executor failed."),
+            ],
+        )
+        assert verdict.root_cause == died
+
+    def test_an_exception_ending_in_a_colon_continues_below(self, empty: SignatureTable) -> None:
+        """tvm's `Check failed: (...) is false:` is followed by what failed."""
+        verdict = _judge(
+            empty,
+            [
+                "tvm.error.InternalError: Check failed: (status == cudaSuccess) is false:",
+                "  BatchPrefillWithPagedKVCache failed with error invalid resource handle",
+            ],
+        )
+        assert verdict.root_cause == (
+            "tvm.error.InternalError: Check failed: (status == cudaSuccess) is false: "
+            "BatchPrefillWithPagedKVCache failed with error invalid resource handle"
+        )
+
 
 class TestRepetitionAndSafety:
     def test_a_deterministic_lean_halts_on_the_second_identical_start(
@@ -270,6 +317,23 @@ class TestRepetitionAndSafety:
         timeout = _judge(empty, [SERVING, f"{V1}TimeoutError: the RPC timed out"], **served)
         assert Severity.UNKNOWN is det.severity
         assert Severity.TRANSIENT is timeout.severity
+
+    def test_a_timeout_after_serving_names_the_cause(self, empty: SignatureTable) -> None:
+        """SGLang's unlevelled `Watchdog timeout` after serving is the root cause; read after
+        the server took requests, it is no evidence, so nothing is inferred from it."""
+        verdict = _judge(
+            empty,
+            [
+                SERVING,
+                "[2025-03-09 00:57:15 TP4] Watchdog timeout (self.watchdog_timeout=300)",
+                "[2025-03-09 00:57:20] Received sigquit from a child process.",
+                "Killed",
+            ],
+            served_us=100_000_000,
+            ended_us=4_000_000_000,
+        )
+        assert verdict.root_cause == "Watchdog timeout (self.watchdog_timeout=300)"
+        assert (verdict.severity, verdict.leaning) == (Severity.UNKNOWN, Severity.TRANSIENT)
 
     @settings(max_examples=80, deadline=None)
     @given(

@@ -549,6 +549,7 @@ class TestCarriedCauses:
             carried = carried_cause(text)
             assert carried is not None
             assert f"{exception}: {cause}" == carried.cause
+            assert carried.caught  # vLLM warns and goes on: the line is a warning
 
     @given(cause=CAUSES, exception=st.sampled_from(("RuntimeError", "ValueError")))
     def test_error_in_model_execution(self, cause: str, exception: str) -> None:

@@ -277,11 +277,12 @@ class Classifier:
             if (
                 candidate is not None
                 and role is Role.MESSAGE
-                and line.level in _QUIET_LEVELS
+                and (line.level in _QUIET_LEVELS or _caught(line))
                 and candidate.tier == _TIER_CAUSE
             ):
-                # A cause's words in a line logged as information (a retry, a fallback) rank
-                # below an error; a traceback's last line is the exception whatever its level.
+                # A cause's words in a line logged as information (a retry, a fallback) or in
+                # an exception the program caught and went on from rank below an error; a
+                # traceback's last line is the exception whatever its level.
                 return dataclasses.replace(candidate, tier=_TIER_WARNING)
             return candidate
         return self._unlisted(ann, index, text, special is not None, opened)
@@ -292,20 +293,28 @@ class Classifier:
         """A line no signature knows, ranked by its form and by what its words say."""
         role, line = ann.roles[index], ann.lines[index]
         carried = carried_cause(line.text)
-        error = role is Role.MESSAGE and line.level in _ERROR_LEVELS and _is_prose(line.text)
-        loud = role is Role.EXCEPTION or special or error or carried is not None
-        # A quieter line (unlevelled, or a warning carrying an exception) printed before the
-        # server took requests: its words can name the cause when nothing louder does.
+        error = (
+            role is Role.MESSAGE
+            and line.level in _ERROR_LEVELS
+            and _is_prose(line.text)
+            and not (carried is not None and carried.caught)
+        )
+        carries = carried is not None and not carried.caught
+        loud = role is Role.EXCEPTION or special or error or carries
+        # A quieter line (unlevelled, or a warning carrying an exception): its words can name
+        # the cause when nothing louder does. Once the server took requests only words that
+        # read indeterminate count (a watchdog's timeout), never as evidence of determinism.
         quiet = (
             role is Role.MESSAGE
             and line.level not in INFO_LEVELS
-            and index < opened
             and (line.level is None or carried is not None)
             and _is_prose(line.text)
         )
         if not (loud or quiet):
             return None
         kind = self.lexicon.line_kind(carried.cause if carried else text)
+        if quiet and not loud and index >= opened and kind is not Reads.INDETERMINATE:
+            return None
         if kind is Reads.POINTER:
             return _Candidate(_TIER_WRAPPER, 0, index, text, None)
         if error and kind is None and not special and _introduces(ann, index):
@@ -391,6 +400,12 @@ class Classifier:
             confidence=_CONFIDENCE[best.tier],
             phase_hint=_phase_hint(ann, self._block(ann, best.index), crashed_blocks),
         )
+
+
+def _caught(line: ParsedLine) -> bool:
+    """The line reports an exception the program caught and went on from (a warning)."""
+    carried = carried_cause(line.text) if "Failed to import" in line.text else None
+    return carried is not None and carried.caught
 
 
 def _in_context(
@@ -480,8 +495,9 @@ def _cause_text(ann: Annotated, index: int, block: TracebackBlock | None) -> str
 
 
 # An exception line that is only a header of its message (pydantic lists the errors on the
-# following lines: "  Value error, Cannot find the config file for awq [type=value_error...").
-_HEADER_MESSAGE = re.compile(r"\d+ validation errors? for \w+\s*$")
+# following lines: "  Value error, Cannot find the config file for awq [type=value_error...";
+# tvm's `Check failed: (status == cudaSuccess) is false:` is followed by what failed).
+_HEADER_MESSAGE = re.compile(r"\d+ validation errors? for \w+\s*$|:\s*$")
 _DETAILS_KEPT = 2
 
 
@@ -492,7 +508,8 @@ def _with_details(ann: Annotated, index: int, block: TracebackBlock | None, text
     if _HEADER_MESSAGE.search(text) is None:
         return text
     details = [ann.lines[i].text.strip() for i in block.details[:_DETAILS_KEPT]]
-    return f"{text}: {' '.join(d for d in details if d)}"
+    joined = " ".join(d for d in details if d)
+    return f"{text} {joined}" if text.endswith(":") else f"{text}: {joined}"
 
 
 def _is_prose(text: str) -> bool:

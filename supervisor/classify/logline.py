@@ -626,6 +626,9 @@ class Carried:
 
     wrapper: str
     cause: str  # an exception line (`ImportError: ...`), a message, or only a class name
+    # The program caught the exception and went on: the line is a warning, whatever level
+    # it was printed at (vLLM's `Failed to import from vllm._C with ...` at import).
+    caught: bool = False
 
 
 _EXC_NAME = r"(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)"
@@ -669,6 +672,7 @@ _CARRIERS = (
     # the message is in the traceback that follows, the class is here.
     ("Ray task", re.compile(r"(?:ray\.exceptions\.)?RayTaskError\((?P<cause>\w+)\): ")),
 )
+_CAUGHT = frozenset({"import of {module}"})
 _CARRIER_WORDS = (
     "Exception in worker",
     "Failed to import",
@@ -695,5 +699,5 @@ def carried_cause(text: str) -> Carried | None:
         cause = groups["cause"]
         if groups.get("exc"):
             cause = f"{groups['exc']}: {cause}"
-        return Carried(wrapper=name.format(**groups), cause=cause)
+        return Carried(wrapper=name.format(**groups), cause=cause, caught=name in _CAUGHT)
     return None
