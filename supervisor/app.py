@@ -38,6 +38,7 @@ from .errors import StateError
 from .notify.alertmanager import AlertmanagerSink
 from .notify.outbox import Outbox
 from .notify.webhook import SlackWebhook
+from .notify.webhook_reload import WebhookReload, credential_source
 from .store import Store
 from .telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
 from .telemetry.metrics import Metrics
@@ -88,6 +89,10 @@ async def _run(
     webhook_url = resolve_webhook(config.slack)
     webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
     outbox = Outbox(store, webhook, metrics, config.slack, host=socket.gethostname())
+    # A reload keeps this Slack client: it names a URL changed since (see notify.webhook_reload).
+    webhook_reload = WebhookReload(
+        webhook_url, credential_source=credential_source(control) if control else None
+    )
     halter = Halter(
         Quarantine(quarantine_dir(config)),
         control,
@@ -165,6 +170,7 @@ async def _run(
         sources=[hangs],
         drift=recorder.changes,
         names=names,
+        reload_checks=[webhook_reload.not_reloaded],
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,10 @@ LOOK_AFTER_CHANGE_S = (0.0, 0.005, 0.02, 0.05, 0.1)
 # CLOSE_BUDGET_S for the sockets and the bus: together well inside TimeoutStopSec=20s.
 SHUTDOWN_GRACE_S = 10.0  # while a gate waits for its start to be read, the reader looks this often
 
+# Asked at each reload with the new config: what of it only a restart applies that no config key
+# shows (a webhook URL rewritten in its file or credential), as names for `not_reloaded`.
+ReloadCheck = Callable[[Config], Awaitable[list[str]]]
+
 
 @dataclass(slots=True)
 class DaemonState:
@@ -78,6 +82,7 @@ class DaemonState:
     state_errors: int = 0
     pending: list[Outcome] = field(default_factory=list)
     commit_error: str | None = None  # why the last commit failed; None once one succeeds
+    not_reloaded: list[str] = field(default_factory=list)  # what waits for a restart
 
 
 class Daemon:
@@ -101,6 +106,7 @@ class Daemon:
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
         wakers: Sequence[Callable[[], None]] = (),
         names: RealNames | None = None,
+        reload_checks: Sequence[ReloadCheck] = (),
     ) -> None:
         self.config = config
         # The units' real names (config already under them): a reload is resolved again.
@@ -112,6 +118,7 @@ class Daemon:
         self.reporter = reporter
         self.state = DaemonState()
         self._load_config = load_config
+        self.reload_checks = tuple(reload_checks)
         self.hooks = tuple(hooks)
         self.tasks = tuple(tasks)
         self.sources = tuple(sources)
@@ -678,8 +685,20 @@ class Daemon:
                 loaded = await asyncio.to_thread(self._load_new)  # file reads, off the loop
                 if loaded is not None:
                     config = await self.names.resolve(loaded[0])  # asks systemd: not locked
+                    pending = await self._restart_pending(config)
                     async with self.lock:
-                        self._apply(config, loaded[1])
+                        self._apply(config, loaded[1], pending)
+
+    async def _restart_pending(self, config: Config) -> list[str]:
+        """What of `config` the reload checks say only a restart applies (a check that fails
+        is named itself: a reload never ends the daemon)."""
+        pending: list[str] = []
+        for check in self.reload_checks:
+            try:
+                pending += await check(config)
+            except Exception as exc:
+                pending.append(f"{_name_of(check)} (not checked: {type(exc).__name__}: {exc})")
+        return pending
 
     def _load_new(self) -> tuple[Config, SignatureTable] | None:
         """The config and table on disk now; None (logged) when they do not load."""
@@ -694,10 +713,14 @@ class Daemon:
             log.error("config_reload_failed", error=error, action="kept the running config")
             return None
 
-    def _apply(self, config: Config, table: SignatureTable) -> None:
+    def _apply(self, config: Config, table: SignatureTable, pending: Sequence[str] = ()) -> None:
         """SIGHUP: apply what can change while running (units, per-unit settings, dry run,
-        signatures); name what cannot. A config or table that failed to load changed nothing."""
+        signatures); name what cannot: the changed restart-only keys, and `pending` (what the
+        reload checks found, e.g. a new webhook URL). A config or table that failed to load
+        changed nothing."""
         needs_restart = restart_only_changes(self.config, config)
+        needs_restart += [p for p in pending if p not in needs_restart]
+        self.state.not_reloaded = needs_restart
         added = sorted({u.name for u in config.units} - {u.name for u in self.config.units})
         removed = sorted({u.name for u in self.config.units} - {u.name for u in config.units})
         config = dataclasses.replace(
