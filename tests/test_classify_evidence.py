@@ -240,6 +240,20 @@ class TestWhatWrapsTheCause:
         )
         assert verdict.root_cause == died
 
+    def test_a_warning_that_reports_a_death_is_a_wrapper_too(self, empty: SignatureTable) -> None:
+        """The engine core SIGKILLed: the API server warns that it exited unexpectedly, then
+        errs that its output handler failed. Both only report; the first report is the cause."""
+        api = "(APIServer pid=358) {} 12-01 09:28:22 [core_client.py:817] {}"
+        verdict = _judge(
+            empty,
+            [
+                api.format("WARNING", "[shutdown] MPClient: engine core exited unexpectedly"),
+                api.format("ERROR", "AsyncLLM output_handler failed."),
+            ],
+        )
+        assert verdict.root_cause == "[shutdown] MPClient: engine core exited unexpectedly"
+        assert (verdict.severity, verdict.confidence) == (Severity.UNKNOWN, "low")
+
     def test_an_exception_ending_in_a_colon_continues_below(self, empty: SignatureTable) -> None:
         """tvm's `Check failed: (...) is false:` is followed by what failed."""
         verdict = _judge(

@@ -290,47 +290,47 @@ class Classifier:
     def _unlisted(
         self, ann: Annotated, index: int, text: str, special: bool, opened: int
     ) -> _Candidate | None:
-        """A line no signature knows, ranked by its form and by what its words say."""
+        """A line no signature knows, ranked by its form and by what its words say.
+
+        An exception, a crash form, an error-level message or a header that carries its
+        cause is a candidate as it is, a wrapper if its words only point elsewhere. A quieter
+        line (unlevelled, a warning) is one only for its words: see `_quiet`."""
         role, line = ann.roles[index], ann.lines[index]
         carried = carried_cause(line.text)
-        error = (
-            role is Role.MESSAGE
-            and line.level in _ERROR_LEVELS
-            and _is_prose(line.text)
-            and not (carried is not None and carried.caught)
-        )
-        carries = carried is not None and not carried.caught
-        loud = role is Role.EXCEPTION or special or error or carries
-        # A quieter line (unlevelled, or a warning carrying an exception): its words can name
-        # the cause when nothing louder does. Once the server took requests only words that
-        # read indeterminate count (a watchdog's timeout), never as evidence of determinism.
-        quiet = (
-            role is Role.MESSAGE
-            and line.level not in INFO_LEVELS
-            and (line.level is None or carried is not None)
-            and _is_prose(line.text)
-        )
-        if not (loud or quiet):
+        caught = carried is not None and carried.caught
+        message = role is Role.MESSAGE and _is_prose(line.text)
+        error = message and line.level in _ERROR_LEVELS and not caught
+        header = role is Role.HEADER and carried is not None  # `... method M: <cause>`
+        loud = role is Role.EXCEPTION or special or error or header
+        if not loud and not (message and line.level not in INFO_LEVELS):
             return None
         kind = self.lexicon.line_kind(carried.cause if carried else text)
-        if quiet and not loud and index >= opened and kind is not Reads.INDETERMINATE:
-            return None
         if kind is Reads.POINTER:
             return _Candidate(_TIER_WRAPPER, 0, index, text, None)
+        if not loud:
+            return self._quiet(index, text, line, carried is not None, kind, opened)
         if error and kind is None and not special and _introduces(ann, index):
             # It only introduces what follows: it says less than a wrapper that reports.
             return _Candidate(_TIER_WRAPPER, -1, index, text, None)
         if role is Role.EXCEPTION or special:
             return _Candidate(_TIER_EXCEPTION, 0, index, text, None)
-        if error:
-            # An error the program says it coped with (a retry) ranks below the errors.
-            tier = _TIER_WARNING if kind is Reads.HANDLED else _TIER_ERROR
-            return _Candidate(tier, 0, index, text, None)
-        if role is Role.HEADER:  # `Exception in worker W while processing method M: <cause>`
-            return _Candidate(_TIER_ERROR, 0, index, text, None)
-        if quiet and kind in CAUSE_READINGS:
-            return _Candidate(_TIER_WARNING, 0, index, text, None)
-        return None
+        # An error the program says it coped with (a retry) ranks below the errors.
+        tier = _TIER_WARNING if kind is Reads.HANDLED else _TIER_ERROR
+        return _Candidate(tier, 0, index, text, None)
+
+    @staticmethod
+    def _quiet(
+        index: int, text: str, line: ParsedLine, carries: bool, kind: Reads | None, opened: int
+    ) -> _Candidate | None:
+        """An unlevelled line, or a warning that carries an exception, whose words read as a
+        cause names it when nothing louder does (low confidence: it only leans). Once the
+        server took requests only indeterminate words count (a watchdog's timeout): a client
+        may have put any words in a line, and these are never evidence of determinism."""
+        if line.level is not None and not carries:
+            return None  # a warning in its own words is context, never a cause
+        if kind not in CAUSE_READINGS or (index >= opened and kind is not Reads.INDETERMINATE):
+            return None
+        return _Candidate(_TIER_WARNING, 0, index, text, None)
 
     def _raise_statements(self, ann: Annotated) -> list[_Candidate]:
         """A traceback cut before its exception line still shows, in its innermost frame, the
