@@ -40,7 +40,14 @@ from .notify.outbox import Outbox
 from .notify.webhook import SlackWebhook
 from .notify.webhook_reload import WebhookReload, credential_source
 from .store import Store
-from .telemetry.http import HealthCheck, MetricsServer, combine_health, following_check
+from .telemetry.http import (
+    HealthCheck,
+    MetricsServer,
+    SinkState,
+    combine_health,
+    following_check,
+    sinks_check,
+)
 from .telemetry.metrics import Metrics
 from .util.files import make_dirs
 
@@ -188,9 +195,25 @@ async def _run(
 
     refresh_halted()
     metrics.reader_memory(lambda: daemon.reader.memory_bytes())
+
+    def slack_state() -> SinkState:
+        if webhook is None:
+            return SinkState("off", "no webhook URL configured")
+        if webhook.problem is not None:
+            return SinkState("invalid_url", f"the webhook URL {webhook.problem}")
+        return SinkState("on", outbox.last_error)
+
+    def alertmanager_state() -> SinkState:
+        return sinks[0].state() if sinks else SinkState("off", "no alertmanager.url")
+
     server = MetricsServer(
         metrics,
-        combine_health(following_check(metrics), _state_health(daemon), outbox.health),
+        combine_health(
+            following_check(metrics),
+            _state_health(daemon),
+            outbox.health,
+            sinks_check({"slack": slack_state, "alertmanager": alertmanager_state}),
+        ),
         before_scrape=before_scrape,
     )
     try:
@@ -294,6 +317,7 @@ def _state_health(daemon: Daemon) -> HealthCheck:
             "state_errors": daemon.state.state_errors,
             "pending_commits": pending,
             "last_verdict": daemon.state.last_verdict,
+            "not_reloaded": daemon.state.not_reloaded,  # what waits for a restart
             "reasons": reasons,
         }
 

@@ -386,11 +386,31 @@ def _render_daemon(daemon: DaemonStatus) -> list[str]:
             f"lag {details.get('journal_lag_s', '?')} s; outbox {details.get('outbox_depth', 0)} "
             f"waiting; {details.get('pending_commits', 0)} uncommitted"
         )
+    lines += _sink_lines(details)
     reasons = details.get("reasons")
     for reason in reasons if isinstance(reasons, list) else []:
         lines.append(f"    problem:   {reason}")
     if daemon.error:
         lines.append(f"    note:      {daemon.error}")
+    return lines
+
+
+def _sink_lines(details: dict[str, Any]) -> list[str]:
+    """One line per sink as /healthz has it, and what a reload left for a restart."""
+    lines = []
+    for name, sink in _mapping(details.get("sinks")).items():
+        sink = _mapping(sink)
+        state, error = sink.get("state"), sink.get("last_error")
+        if state == "on":
+            words = "on" if error is None else f"on; last error: {error}"
+        elif state == "invalid_url":
+            words = f"INVALID URL ({error}), so off"
+        else:
+            words = f"{state}" if error is None else f"{state} ({error})"
+        lines.append(f"    {name + ':':<10} {words}")
+    pending = details.get("not_reloaded")
+    if isinstance(pending, list) and pending:
+        lines.append(f"    restart:   to apply {'; '.join(map(str, pending))}")
     return lines
 
 

@@ -36,6 +36,7 @@ import structlog
 from ..config import AlertmanagerConfig
 from ..errors import NotifyError, StateError
 from ..store import Store
+from ..telemetry.http import SinkState
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
 from ..util.retry import Backoff
@@ -130,6 +131,12 @@ class AlertmanagerSink:
     def wake(self) -> None:
         """Look at the quarantine records now (a halt or a release happened)."""
         self._wake.set()
+
+    def state(self) -> SinkState:
+        """For /healthz: on, or invalid_url; the error of the current outage (redacted)."""
+        if self._problem is not None:
+            return SinkState("invalid_url", f"alertmanager.url unusable: {self._problem}")
+        return SinkState("on", self._failing)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Post the firing and resolved alerts every `resend_s`, at once when woken."""

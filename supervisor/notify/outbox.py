@@ -234,6 +234,11 @@ class Outbox:
         """Messages waiting for delivery."""
         return self._queue.depth()
 
+    @property
+    def last_error(self) -> str | None:
+        """Why the last attempt failed (no URL in it); None once one succeeds."""
+        return self._last_error
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: unhealthy on a backlog, repeated failures or a stuck queue."""
         if self._webhook is None:

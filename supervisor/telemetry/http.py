@@ -16,7 +16,7 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -27,6 +27,17 @@ from .metrics import Metrics
 
 HealthCheck = Callable[[], tuple[bool, dict[str, Any]]]
 """Returns (healthy, details); details are rendered as the JSON body of /healthz."""
+
+
+@dataclass(frozen=True, slots=True)
+class SinkState:
+    """A sink as /healthz (and so `status`) shows it. `state` is "on", "off" or "invalid_url";
+    `last_error` is why the last attempt failed (None once one succeeds), or why the sink is
+    off or unusable. Neither ever holds the sink's URL."""
+
+    state: str
+    last_error: str | None = None
+
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 5.0
@@ -288,5 +299,19 @@ def following_check(metrics: Metrics) -> HealthCheck:
         if metrics.lag_s is not None:  # once an entry was read
             details["journal_lag_s"] = round(metrics.lag_s, 3)
         return ok, {**details, "reasons": [] if ok else ["not following the journal"]}
+
+    return check
+
+
+def sinks_check(sinks: Mapping[str, Callable[[], SinkState]]) -> HealthCheck:
+    """Each sink's state under `sinks` (never unhealthy by itself: the outbox check judges
+    Slack's backlog and failures)."""
+
+    def check() -> tuple[bool, dict[str, Any]]:
+        states = {name: state() for name, state in sinks.items()}
+        return True, {
+            "sinks": {n: {"state": s.state, "last_error": s.last_error} for n, s in states.items()},
+            "reasons": [],
+        }
 
     return check
