@@ -254,6 +254,14 @@ PREFIXES = [
         None,
         "INFO",
     ),
+    # Ray's own log file: a tab after the time.
+    (
+        "2025-03-19 14:58:50,134\tINFO node.py:1084 -- Can't find a `node_ip_address.json` file",
+        None,
+        "Can't find a `node_ip_address.json` file",
+        None,
+        "INFO",
+    ),
     # Plain traceback line: indentation is kept; the journal pid is the fallback process.
     ('  File "/x/y.py", line 3, in f', 4242, '  File "/x/y.py", line 3, in f', "pid:4242", None),
     # Code with a pipe is not a docker-compose column.

@@ -38,7 +38,8 @@ _TGI = (
     r"(?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
     r"[\w./-]+\.rs:\d+: )*))"
 )
-_ISO = r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?: |$))"
+# A date and time, then a space or a tab (Ray's own log files: `2025-03-19 14:58:50,134\tINFO`).
+_ISO = r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?:[ \t]|$))"
 _DMESG = r"(?P<dmesg>\[ *\d+\.\d+\] ?)"
 _KERNEL = r"(?P<kernel>kernel: )"
 _PROC = (
