@@ -37,7 +37,8 @@ def write_flood(directory: Path, entries: int, mib: int, per_file: int) -> None:
     with JournalWriter(directory) as writer:
         for n in range(entries):
             word = b"%d " % n
-            line = b"RuntimeError: flood %d " % n + word * (mib * (1 << 20) // len(word))
+            # The newline at its end spares the writer a printable check of each byte.
+            line = b"RuntimeError: flood %d " % n + word * (mib * (1 << 20) // len(word)) + b"\n"
             writer.write(service_lines(UNIT, "f" * 32, [line]))
             if n % per_file == per_file - 1:
                 writer.rotate()

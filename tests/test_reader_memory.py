@@ -44,9 +44,11 @@ PEAK_BYTES = 48 * MIB
 
 
 def _flood_line(n: int) -> bytes:
-    """A 16 MiB line whose head a signature could match (stored compressed: it repeats)."""
+    """A 16 MiB line whose head a signature could match (stored compressed: it repeats). It
+    ends in a newline, which has the writer send it as a binary field without looking at each
+    of its bytes for one that is not printable (seconds per entry in Python)."""
     head = b"RuntimeError: CUDA error: out of memory (flood %d) " % n
-    return head + b"%d " % n * ((BIG - len(head)) // len(b"%d " % n))
+    return head + b"%d " % n * ((BIG - len(head) - 1) // len(b"%d " % n)) + b"\n"
 
 
 def _status(pid: int) -> dict[str, int]:
