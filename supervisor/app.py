@@ -37,8 +37,7 @@ from .environment.log import EnvironmentLog
 from .errors import StateError
 from .notify.alertmanager import AlertmanagerSink
 from .notify.outbox import Outbox
-from .notify.webhook import SlackWebhook
-from .notify.webhook_reload import WebhookReload, credential_source
+from .notify.webhook_reload import SlackReload, credential_source
 from .store import Store
 from .telemetry.http import (
     HealthCheck,
@@ -93,12 +92,13 @@ async def _run(
     names = RealNames(control if config.journal.directory is None else None)
     config = await names.resolve(config)
     notifier = Notifier()
-    webhook_url = resolve_webhook(config.slack)
-    webhook = SlackWebhook(webhook_url, timeout_s=config.slack.timeout_s) if webhook_url else None
-    outbox = Outbox(store, webhook, metrics, config.slack, host=socket.gethostname())
-    # A reload keeps this Slack client: it names a URL changed since (see notify.webhook_reload).
-    webhook_reload = WebhookReload(
-        webhook_url, credential_source=credential_source(control) if control else None
+    outbox = Outbox(store, None, metrics, config.slack, host=socket.gethostname())
+    # The webhook, and at each reload the one its source names then (notify.webhook_reload).
+    slack = SlackReload(
+        outbox,
+        resolve_webhook(config.slack),
+        timeout_s=config.slack.timeout_s,
+        credential_source=credential_source(control) if control else None,
     )
     halter = Halter(
         Quarantine(quarantine_dir(config)),
@@ -177,7 +177,7 @@ async def _run(
         sources=[hangs],
         drift=recorder.changes,
         names=names,
-        reload_checks=[webhook_reload.not_reloaded],
+        reloaders=[slack.reload],
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),
@@ -197,10 +197,10 @@ async def _run(
     metrics.reader_memory(lambda: daemon.reader.memory_bytes())
 
     def slack_state() -> SinkState:
-        if webhook is None:
+        if slack.webhook is None:
             return SinkState("off", "no webhook URL configured")
-        if webhook.problem is not None:
-            return SinkState("invalid_url", f"the webhook URL {webhook.problem}")
+        if slack.webhook.problem is not None:
+            return SinkState("invalid_url", f"the webhook URL {slack.webhook.problem}")
         return SinkState("on", outbox.last_error)
 
     def alertmanager_state() -> SinkState:
@@ -221,9 +221,7 @@ async def _run(
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
-        closing = [gates.close(), server.close(), systemd.close()]
-        if webhook is not None:
-            closing.append(webhook.aclose())
+        closing = [gates.close(), server.close(), systemd.close(), slack.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
         store.close()
 

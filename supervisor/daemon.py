@@ -65,9 +65,10 @@ LOOK_AFTER_CHANGE_S = (0.0, 0.005, 0.02, 0.05, 0.1)
 # CLOSE_BUDGET_S for the sockets and the bus: together well inside TimeoutStopSec=20s.
 SHUTDOWN_GRACE_S = 10.0  # while a gate waits for its start to be read, the reader looks this often
 
-# Asked at each reload with the new config: what of it only a restart applies that no config key
-# shows (a webhook URL rewritten in its file or credential), as names for `not_reloaded`.
-ReloadCheck = Callable[[Config], Awaitable[list[str]]]
+# Handed the new config at each reload: applies what it can of it to its part (a webhook URL
+# rewritten in its file or credential) and names what only a restart applies, for
+# `not_reloaded`.
+Reloader = Callable[[Config], Awaitable[list[str]]]
 
 
 @dataclass(slots=True)
@@ -106,7 +107,7 @@ class Daemon:
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
         wakers: Sequence[Callable[[], None]] = (),
         names: RealNames | None = None,
-        reload_checks: Sequence[ReloadCheck] = (),
+        reloaders: Sequence[Reloader] = (),
     ) -> None:
         self.config = config
         # The units' real names (config already under them): a reload is resolved again.
@@ -118,7 +119,7 @@ class Daemon:
         self.reporter = reporter
         self.state = DaemonState()
         self._load_config = load_config
-        self.reload_checks = tuple(reload_checks)
+        self.reloaders = tuple(reloaders)
         self.hooks = tuple(hooks)
         self.tasks = tuple(tasks)
         self.sources = tuple(sources)
@@ -685,19 +686,19 @@ class Daemon:
                 loaded = await asyncio.to_thread(self._load_new)  # file reads, off the loop
                 if loaded is not None:
                     config = await self.names.resolve(loaded[0])  # asks systemd: not locked
-                    pending = await self._restart_pending(config)
+                    pending = await self._reload_parts(config)
                     async with self.lock:
                         self._apply(config, loaded[1], pending)
 
-    async def _restart_pending(self, config: Config) -> list[str]:
-        """What of `config` the reload checks say only a restart applies (a check that fails
-        is named itself: a reload never ends the daemon)."""
+    async def _reload_parts(self, config: Config) -> list[str]:
+        """Hand `config` to the reloaders; what they say only a restart applies (a reloader that
+        fails is named itself: a reload never ends the daemon)."""
         pending: list[str] = []
-        for check in self.reload_checks:
+        for reloader in self.reloaders:
             try:
-                pending += await check(config)
+                pending += await reloader(config)
             except Exception as exc:
-                pending.append(f"{_name_of(check)} (not checked: {type(exc).__name__}: {exc})")
+                pending.append(f"{_name_of(reloader)} (failed: {type(exc).__name__}: {exc})")
         return pending
 
     def _load_new(self) -> tuple[Config, SignatureTable] | None:
@@ -715,9 +716,9 @@ class Daemon:
 
     def _apply(self, config: Config, table: SignatureTable, pending: Sequence[str] = ()) -> None:
         """SIGHUP: apply what can change while running (units, per-unit settings, dry run,
-        signatures); name what cannot: the changed restart-only keys, and `pending` (what the
-        reload checks found, e.g. a new webhook URL). A config or table that failed to load
-        changed nothing."""
+        signatures; the reloaders applied theirs before); name what cannot: the changed
+        restart-only keys, and `pending` (what the reloaders could not apply). A config or
+        table that failed to load changed nothing."""
         needs_restart = restart_only_changes(self.config, config)
         needs_restart += [p for p in pending if p not in needs_restart]
         self.state.not_reloaded = needs_restart

@@ -1,5 +1,6 @@
-"""A reload (SIGHUP) says what it did not apply of the sinks: a webhook URL that changed since
-the start is named in `not_reloaded`, never shown, and a restart applies it.
+"""A reload (SIGHUP) applies a webhook URL that changed since the start (Slack turns on), and
+names what it cannot apply in `not_reloaded`: a credential systemd did not copy again, the
+restart-only `[alertmanager]` keys. No URL is ever shown.
 
 Was: writing the webhook into its file (or its systemd credential) and reloading left Slack off
 while the reload logged `not_reloaded: []`.
@@ -16,13 +17,18 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from faults.harness import Supervisor, write_config
+from faults.harness import Supervisor, crash, write_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slack_server import SECRET, SlackServer
 
 from vllm_supervisor.config import WEBHOOK_CREDENTIAL, Config, Secret, SlackConfig
-from vllm_supervisor.notify.webhook_reload import WebhookReload
+from vllm_supervisor.journal.writer import JournalWriter
+from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.webhook_reload import SlackReload
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.util.urls import url_problem
 
 
 def reloaded(sup: Supervisor, count: int) -> list[list[str]]:
@@ -31,10 +37,10 @@ def reloaded(sup: Supervisor, count: int) -> list[list[str]]:
     return [e["not_reloaded"] for e in events] if len(events) >= count else []
 
 
-def test_a_rewritten_webhook_file_is_named_by_the_reload(tmp_path: Path) -> None:
+def test_a_webhook_written_and_reloaded_turns_slack_on(tmp_path: Path) -> None:
     """Slack off at the start (an empty webhook file); the URL written and SIGHUP sent: the
-    reload names the webhook and its file, not the URL; a reload with nothing new names
-    nothing."""
+    reload applies it (nothing left for a restart), the next crash reaches Slack, and the log
+    says where the URL came from, never the URL."""
     hook = tmp_path / "slack-webhook"
     hook.write_text("", encoding="utf-8")
     config = write_config(tmp_path, extra=f'[slack]\nwebhook_url_file = "{hook}"\n')
@@ -42,25 +48,49 @@ def test_a_rewritten_webhook_file_is_named_by_the_reload(tmp_path: Path) -> None
     slack = SlackServer()
     slack.start()
     try:
-        sup.start()
-        wait_for(sup.following, timeout=30, what="the daemon following")
-        sup.process.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
-        wait_for(lambda: reloaded(sup, 1), timeout=30, what="the first reload")
-        hook.write_text(slack.url + "\n", encoding="utf-8")
-        sup.process.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
-        wait_for(lambda: reloaded(sup, 2), timeout=30, what="the second reload")
+        with JournalWriter(tmp_path / "journal") as writer:
+            sup.start()
+            wait_for(sup.following, timeout=30, what="the daemon following")
+            hook.write_text(slack.url + "\n", encoding="utf-8")
+            sup.process.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+            wait_for(lambda: reloaded(sup, 1), timeout=30, what="the reload")
+            writer.write(crash("fatal", 1))
+            wait_for(lambda: slack.count() >= 1, timeout=30, what="the crash's Slack message")
     finally:
         sup.stop_quietly()
         slack.stop()
-    first, second = reloaded(sup, 2)
-    assert first == []
-    assert second == [f"slack webhook (slack.webhook_url_file {hook}, changed)"]
+    assert reloaded(sup, 1) == [[]]
+    (applied,) = [e for e in sup.events() if e["event"] == "slack_webhook_reloaded"]
+    assert (applied["source"], applied["slack"]) == (f"slack.webhook_url_file {hook}", "on")
+    assert "flashinfer" in slack.requests[0].body.decode()
     assert SECRET not in sup.stderr_text()
 
 
+def test_a_changed_alertmanager_url_is_named_for_a_restart(tmp_path: Path) -> None:
+    """The [alertmanager] keys apply at a restart: a reload that changes one names it."""
+    config = write_config(tmp_path)
+    sup = Supervisor(tmp_path, config)
+    try:
+        sup.start()
+        wait_for(sup.following, timeout=30, what="the daemon following")
+        text = config.read_text(encoding="utf-8")
+        config.write_text(text + '[alertmanager]\nurl = "http://127.0.0.1:9093"\n')
+        sup.process.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_for(lambda: reloaded(sup, 1), timeout=30, what="the reload")
+    finally:
+        sup.stop_quietly()
+    assert reloaded(sup, 1) == [["alertmanager.url"]]
+
+
+def reload_with(tmp_path: Path, url: Secret | None, **kwargs: Any) -> SlackReload:
+    store = Store(tmp_path / "state.db")
+    outbox = Outbox(store, None, Metrics(new_registry(process=False)), SlackConfig(), host="h")
+    return SlackReload(outbox, url, timeout_s=1.0, **kwargs)
+
+
 def test_a_credential_written_after_the_start_is_named(tmp_path: Path) -> None:
-    """systemd copied the credential at the start and does not at a reload: a source written
-    after the copy is named (with the fix), one written before is not."""
+    """A unit whose credential systemd copied at the start only: a source written after the
+    copy is named (with the fix), one written before is not, and Slack stays as it was."""
     copy_dir = tmp_path / "credentials" / "vllm-supervisor.service"
     copy_dir.mkdir(parents=True)
     copy, source = copy_dir / WEBHOOK_CREDENTIAL, tmp_path / "etc-slack-webhook"
@@ -72,24 +102,26 @@ def test_a_credential_written_after_the_start_is_named(tmp_path: Path) -> None:
         asked.append((unit, credential))
         return str(source)
 
-    watch = WebhookReload(
+    slack = reload_with(
+        tmp_path,
         None,
         credential_source=systemd_says,
         environ={"CREDENTIALS_DIRECTORY": str(copy_dir)},
     )
     copied_at = copy.stat().st_mtime_ns
     os.utime(source, ns=(copied_at - 10**9, copied_at - 10**9))  # written before the start
-    assert _run(watch.not_reloaded(Config())) == []
+    assert _run(slack.reload(Config())) == []
     os.utime(source, ns=(copied_at + 10**9, copied_at + 10**9))  # written after it
-    (named,) = _run(watch.not_reloaded(Config()))
+    (named,) = _run(slack.reload(Config()))
     assert str(source) in named and "at start only" in named
     assert "XXsecretXX" not in named
     assert asked == [("vllm-supervisor.service", WEBHOOK_CREDENTIAL)] * 2
+    assert slack.webhook is None
 
 
 def test_a_credential_systemd_cannot_be_asked_about_is_named(tmp_path: Path) -> None:
-    """No bus to ask where the credential comes from: the reload still says that a credential
-    is applied at a restart only, instead of nothing."""
+    """No bus to ask where the credential comes from: the reload says that the credential may
+    need a restart, instead of nothing."""
     copy_dir = tmp_path / "vllm-supervisor.service"
     copy_dir.mkdir()
     (copy_dir / WEBHOOK_CREDENTIAL).write_text("", encoding="utf-8")
@@ -97,30 +129,33 @@ def test_a_credential_systemd_cannot_be_asked_about_is_named(tmp_path: Path) -> 
     async def no_bus(unit: str, credential: str) -> str | None:
         raise OSError("no system bus")
 
-    watch = WebhookReload(
-        None, credential_source=no_bus, environ={"CREDENTIALS_DIRECTORY": str(copy_dir)}
+    slack = reload_with(
+        tmp_path, None, credential_source=no_bus, environ={"CREDENTIALS_DIRECTORY": str(copy_dir)}
     )
-    (named,) = _run(watch.not_reloaded(Config()))
+    (named,) = _run(slack.reload(Config()))
     assert "at start only" in named and "no system bus" in named
 
 
 RUNNING = "https://hooks.example/services/T0/B0/running"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(url=st.text(min_size=1, max_size=80).filter(lambda s: s.strip() == s != RUNNING))
-def test_the_name_of_a_changed_webhook_is_its_file_whatever_it_holds(
+def test_whatever_the_webhook_file_holds_a_reload_applies_or_refuses_it(
     tmp_path_factory: pytest.TempPathFactory, url: str
 ) -> None:
-    """Whatever the webhook file holds now (a URL, garbage), the reload names the file and
-    nothing of its content; the same URL as the running one is no change."""
+    """Whatever the webhook file holds now (a URL, garbage), a reload takes it: Slack is on
+    with it, or off with the URL's problem said; nothing is left for a restart."""
     hook = tmp_path_factory.mktemp("hook") / "slack-webhook"
     hook.write_text(url, encoding="utf-8")
+    slack = reload_with(tmp_path_factory.mktemp("state"), Secret(RUNNING), environ={})
     config = Config(slack=SlackConfig(webhook_url_file=hook))
-    changed = _run(WebhookReload(Secret(RUNNING), environ={}).not_reloaded(config))
-    assert changed == [f"slack webhook (slack.webhook_url_file {hook}, changed)"]
-    assert _run(WebhookReload(Secret(url), environ={}).not_reloaded(config)) == []
+    assert _run(slack.reload(config)) == []
+    assert slack.webhook is not None
+    assert (slack.webhook.problem is None) == (url_problem(url) is None)
+    assert _run(slack.reload(config)) == []
+    _run(slack.aclose())
 
 
-def _run(coro: Coroutine[Any, Any, list[str]]) -> list[str]:
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(coro)

@@ -149,7 +149,7 @@ class Outbox:
             source=source,
             problem=webhook.problem,
             action="Slack is off: crashes are still halted and recorded, their messages wait; "
-            "fix the URL (vllm-supervisor check-config) and restart",
+            "fix the URL (vllm-supervisor check-config) and reload",
         )
         return f"slack webhook URL from {source} unusable ({webhook.problem}): Slack is off"
 
@@ -234,6 +234,14 @@ class Outbox:
         """Messages waiting for delivery."""
         return self._queue.depth()
 
+    def use(self, webhook: SlackWebhook | None) -> None:
+        """Deliver to `webhook` from now on (a reload read a new URL); None turns Slack off.
+        Messages already queued go to the new one; crashes while off were not queued."""
+        self._webhook = webhook
+        self._invalid = self._check_url(webhook)
+        self._last_error, self._consecutive_failures, self._next_send_at = None, 0, 0.0
+        self._wake.set()
+
     @property
     def last_error(self) -> str | None:
         """Why the last attempt failed (no URL in it); None once one succeeds."""
@@ -261,14 +269,18 @@ class Outbox:
     # -- delivery ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Deliver pending messages until `stop` is set; state errors are logged and retried."""
-        if self._webhook is None or self._invalid is not None:
-            await stop.wait()
-            return
-        self._queue.prune(self._now() - RETENTION_S)
+        """Deliver pending messages until `stop` is set; state errors are logged and retried.
+        Without a usable webhook it waits for one (`use`, at a reload)."""
+        pruned = False
         while not stop.is_set():
             self._wake.clear()
+            if self._webhook is None or self._invalid is not None:
+                await first_of(stop.wait(), self._wake.wait())
+                continue
             try:
+                if not pruned:
+                    self._queue.prune(self._now() - RETENTION_S)
+                    pruned = True
                 await self._step(stop)
             except StateError as exc:
                 self._state_failed(exc)

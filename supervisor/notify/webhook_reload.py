@@ -1,17 +1,18 @@
-"""What a reload cannot apply of Slack's webhook URL, named for the reload's `not_reloaded`.
+"""A reload applies a new Slack webhook URL, or names it for `not_reloaded` when it cannot.
 
-The daemon reads the webhook URL once, at start (supervisor.app), and keeps that Slack client
-across a SIGHUP. A URL that changed since (the file `slack.webhook_url_file` names, rewritten)
-is named, so the reload does not report `not_reloaded: []` while Slack stays as it was.
+At a SIGHUP the URL is resolved again from where it came (the config, `slack.webhook_url_file`,
+the systemd credential `slack-webhook`); a URL that changed replaces the outbox's endpoint at
+once (Slack turns on, off, or moves), logged by where it came from, never by the URL.
 
-systemd credentials need more: systemd copies a `LoadCredential=` source into
-$CREDENTIALS_DIRECTORY when the unit starts and never again, not at `systemctl reload` (checked
-on systemd 252), so the copy the daemon could read again is still the old one. Whether the
-source changed after the copy is told by their times, never by their contents: the copy is
-written at the start, the source's mtime is when it was last written, and the daemon may stat
-the source (root's, 0600) though not read it. The source's path is the unit's own
-`LoadCredential=` setting, asked from systemd; where it cannot be asked, a credential is named
-as one that a reload never applies. Names carry paths only, never the URL.
+systemd hands a `LoadCredential=` source over as a copy in $CREDENTIALS_DIRECTORY. For the
+shipped unit (a private, read-only credential mount) systemd 252 writes the copy again for the
+reload's `ExecReload=` commands, so the new URL is read (checked in nspawn); for a unit whose
+credentials are a plain directory it keeps the copy made at the start, and the copy read again
+is the old one. That case is told by times, never by contents: the copy is written when systemd
+makes it, the source's mtime is when it was last written, and the daemon may stat the source
+(root's, 0600) though not read it. The source's path is the unit's own `LoadCredential=`, asked
+from systemd; a source newer than the copy is named in `not_reloaded`, as is a credential whose
+source cannot be asked for. Names carry paths only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import hashlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+
+import structlog
 
 from ..actions.systemd import SERVICE_IFACE, SystemdClient
 from ..config import (
@@ -32,47 +35,70 @@ from ..config import (
     webhook_source,
 )
 from ..errors import ConfigError
+from .outbox import Outbox
+from .webhook import SlackWebhook
 
 # The source file of a unit's credential: (unit, credential id) -> its path, or None when the
 # unit loads no such credential; raises when systemd cannot be asked.
 CredentialSource = Callable[[str, str], Awaitable[str | None]]
 
-RESTART_TO_APPLY = "systemd hands credentials over at start only"
+RESTART_TO_APPLY = "systemd hands this credential over at start only"
+
+log = structlog.get_logger(__name__)
 
 
 def _digest(url: Secret | None) -> str:
-    """A fingerprint of the URL to compare by, kept instead of a second copy of the secret."""
+    """A fingerprint of the URL to compare by, instead of a second copy of the secret."""
     return hashlib.sha256(url.value.encode()).hexdigest() if url else ""
 
 
-class WebhookReload:
-    """Tells a reload which webhook change only a restart applies."""
+class SlackReload:
+    """Keeps the outbox's webhook the one the config and its sources name now."""
 
     def __init__(
         self,
-        running: Secret | None,
+        outbox: Outbox,
+        url: Secret | None,
         *,
+        timeout_s: float,
         credential_source: CredentialSource | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
-        self._running = _digest(running)
+        self._outbox = outbox
+        self._running = _digest(url)
+        self._timeout_s = timeout_s  # slack.timeout_s is applied by a restart, like [slack]
         self._credential_source = credential_source
         self._environ = environ
+        self.webhook = SlackWebhook(url, timeout_s=timeout_s) if url else None
+        outbox.use(self.webhook)
 
-    async def not_reloaded(self, config: Config) -> list[str]:
-        """The webhook changes a restart would apply, each named by where the URL comes from."""
+    async def reload(self, config: Config) -> list[str]:
+        """Apply the URL `config` gives now; the names of what only a restart applies."""
         slack = config.slack
         source = webhook_source(slack, self._environ)
         try:
-            now = await asyncio.to_thread(resolve_webhook, slack, self._environ)
-        except ConfigError as exc:  # e.g. the file is gone: a restart would refuse to start
+            url = await asyncio.to_thread(resolve_webhook, slack, self._environ)
+        except ConfigError as exc:  # the file is gone or unreadable: keep the running one
             return [f"slack webhook ({exc})"]
-        if _digest(now) != self._running:
-            return [f"slack webhook ({source}, changed)"]
-        credential = self._credential(slack)
-        if credential is None:
+        if _digest(url) != self._running:
+            await self._use(url, source)
             return []
-        return await self._stale_credential(credential)
+        credential = self._credential(slack)
+        return [] if credential is None else await self._stale_credential(credential)
+
+    async def aclose(self) -> None:
+        """Close the current Slack client."""
+        if self.webhook is not None:
+            await self.webhook.aclose()
+
+    async def _use(self, url: Secret | None, source: str) -> None:
+        old = self.webhook
+        self.webhook = SlackWebhook(url, timeout_s=self._timeout_s) if url else None
+        self._running = _digest(url)
+        self._outbox.use(self.webhook)
+        log.info("slack_webhook_reloaded", source=source, slack="on" if url else "off")
+        if old is not None:
+            await old.aclose()
 
     def _credential(self, slack: SlackConfig) -> Path | None:
         """The credential copy the URL is read from, when it is read from one."""
@@ -83,21 +109,18 @@ class WebhookReload:
         return copy if copy.exists() else None
 
     async def _stale_credential(self, copy: Path) -> list[str]:
+        """The credential, named, when its source was written after systemd copied it."""
         unit = copy.parent.name  # systemd names the directory after the unit
         try:
             if self._credential_source is None:
                 raise LookupError("systemd is not asked")
             source = await self._credential_source(unit, WEBHOOK_CREDENTIAL)
+            if source is None:
+                return []
+            if not await asyncio.to_thread(_written_after, Path(source), copy):
+                return []
         except Exception as exc:  # a reload goes on without the answer
             return [f"slack webhook (credential {copy}: {RESTART_TO_APPLY}; not checked: {exc})"]
-        if source is None:
-            return []
-        try:
-            changed = await asyncio.to_thread(_written_after, Path(source), copy)
-        except OSError as exc:
-            return [f"slack webhook (credential {copy}: {RESTART_TO_APPLY}; not checked: {exc})"]
-        if not changed:
-            return []
         return [f"slack webhook (credential {copy}: {source} changed; {RESTART_TO_APPLY})"]
 
 
