@@ -285,13 +285,15 @@ class TestLateLines:
         """journald stamps a line with the id it reads from the unit's cgroup when it writes
         it: a dead run's lines written after the restart began carry the new run's id, from
         its processes and from new ones. The new run's gate holds its main process until the
-        ended run is decided, so until PID 1 says it started, those lines are the ended run's."""
+        ended run is decided: until PID 1 says it started, its processes' lines are its own."""
         tracker = InvocationTracker(TrackerConfig(settle_s=0.3, settle_after_start_s=0.1))
         tracker.feed(line("flood", inv="A", pid=10, at_us=1_000_000))
         tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="A", at_us=1_100_000))
         tracker.feed(event(LifecycleEvent.STARTING, inv="B", at_us=1_200_000, JOB_TYPE="start"))
         assert tracker.feed(line("flood", inv="B", pid=10, at_us=1_250_000)) == []
-        assert tracker.feed(line("RuntimeError: cause", inv="B", pid=11, at_us=1_300_000)) == []
+        assert tracker.feed(line("RuntimeError: cause", inv="B", pid=10, at_us=1_300_000)) == []
+        # A process the ended run never had is not taken for one of its own.
+        assert tracker.feed(line("INFO gate", inv="B", pid=11, at_us=1_310_000)) == []
         (a,) = tracker.flush_due(1_700_000)
         assert (a.invocation_id, [x.text for x in a.lines][-1]) == ("A", "RuntimeError: cause")
         # Once PID 1 says B's main process started, B's lines are its own.
@@ -299,7 +301,7 @@ class TestLateLines:
         tracker.feed(line("INFO serving", inv="B", pid=20, at_us=1_900_000))
         tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="B", at_us=2_000_000))
         (b,) = tracker.flush_due(3_000_000)
-        assert [x.text for x in b.lines] == ["INFO serving"]
+        assert [x.text for x in b.lines] == ["INFO gate", "INFO serving"]
 
     def test_zero_settle_decides_on_the_failed_message(self) -> None:
         """With no settle window the invocation ends on PID 1's message itself."""

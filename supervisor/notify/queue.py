@@ -243,14 +243,15 @@ class OutboxQueue:
             db.execute("DELETE FROM outbox WHERE state != 'pending' AND created < ?", (horizon,))
 
     def depth(self) -> int:
-        """Messages waiting for delivery."""
-        row = self._read("SELECT count(*) FROM outbox WHERE state = 'pending'", ())
+        """Messages waiting for delivery (the one being sent included)."""
+        row = self._read("SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending')", ())
         return int(row[0]) if row is not None else 0
 
     def backlog(self, now: float) -> tuple[int, float | None]:
         """Pending messages, and how long the oldest due one is overdue (None: none pending)."""
         row = self._read(
-            "SELECT count(*), ? - min(due) FROM outbox WHERE state = 'pending'", (now,)
+            "SELECT count(*), ? - min(due) FROM outbox WHERE state IN ('pending', 'sending')",
+            (now,),
         )
         assert row is not None  # noqa: S101 - an aggregate always returns a row
         return int(row[0]), row[1]

@@ -531,19 +531,19 @@ class InvocationTracker:
 
         journald stamps a stream's line with the invocation id it reads from the unit's cgroup
         when it writes the line, so a dead process's lines that it writes after the unit
-        restarted carry the new run's id (seen on systemd 252, seconds after a flood, from the
-        dead run's processes and from processes the new run never had). So a line stamped
-        with a run whose main process has not started is the ended run's: until then the new
-        run prints nothing of its own, since its gate holds it until the ended run is decided.
+        restarted carry the new run's id (seen on systemd 252, seconds after a flood). So a
+        line stamped with a run whose main process has not started, from a process of the
+        ended run, is the ended run's: a process belongs to one run, and PIDs are not reused
+        within seconds.
         """
         if entry.invocation_id is None:
             return None
         stated = track.builder_of(entry.invocation_id)
         if stated is None or stated.ending is not None:
             return stated
-        if not stated.main_started and track.settling and entry.pid not in stated.pids:
-            return next(reversed(track.settling.values()))
-        return None
+        if stated.main_started or entry.pid is None or entry.pid in stated.pids:
+            return None
+        return next((b for b in track.settling.values() if entry.pid in b.pids), None)
 
     def _still_writing(self, track: _Track, entry: JournalEntry) -> None:
         """A line of an invocation that already ended: journald is still writing what its

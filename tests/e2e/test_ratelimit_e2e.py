@@ -33,17 +33,22 @@ __all__ = ["container"]  # the fixture, used by name
 # about 6 on a disk with terabytes free), printed in well under its 30 s interval.
 FLOOD_LINES = 120_000
 FLOOD = "/run/flood.py"
-FLOOD_SCRIPT = f"""import sys
+# One process floods, then crashes: vLLM's engine prints its own traceback last.
+FLOOD_SCRIPT = f"""import re, sys
 for i in range({FLOOD_LINES}):
     print("WARNING request %d rejected: queue full" % i)
-sys.stdout.flush()
+prefix = re.compile(r"^[A-Z][a-z]{{2}} [ 0-9]{{2}} [0-9:]{{8}} [^ ]+ [^ ]+\\[[0-9]+\\]: ")
+with open("{SEED_LOG}", encoding="utf-8") as log:
+    for line in log:
+        print(prefix.sub("", line.rstrip("\\n")))
+sys.exit(1)
 """
 FLOODING_UNIT = f"""[Unit]
 Description=fake inference server that floods its log, then crashes fatally
 StartLimitIntervalSec=0
 
 [Service]
-ExecStart=/bin/sh -c '/usr/bin/python3 {FLOOD}; exec /opt/vsup/e2e/fake-server.sh {SEED_LOG}'
+ExecStart=/usr/bin/python3 {FLOOD}
 Restart=always
 """
 
