@@ -76,6 +76,22 @@ def port_number(text: str) -> int:
     return int(text)
 
 
+CONFIG_HELP = (
+    f"the TOML config (default: ${CONFIG_ENV}, else {INSTALLED_CONFIG} when it exists, else"
+    " the built-in defaults)"
+)
+STATE_DIR_HELP = (
+    "the directory of the state database (default: the config's state.state_dir, else"
+    f" $STATE_DIRECTORY, else {DEFAULT_STATE_DIR})"
+)
+RUNTIME_DIR_HELP = (
+    "the directory of the quarantine records and the gates' socket (default: the config's"
+    f" state.runtime_dir, else $RUNTIME_DIRECTORY, else {DEFAULT_RUNTIME_DIR})"
+)
+FORMAT_HELP = "text for a person (default), json for a program"
+UNIT_HELP = "the systemd unit, e.g. vllm.service (an alias is taken for its unit)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """All subcommands and their flags (the CLI contract of DESIGN.md §4)."""
     parser = _Parser(
@@ -88,22 +104,44 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="follow the journal and act on crashes (the daemon)")
     _add_config_flags(run)
     run.add_argument("--dry-run", action="store_true", help="decide and report, never stop a unit")
-    run.add_argument("--metrics-listen", metavar="HOST:PORT", help="default 127.0.0.1:9464")
+    run.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve /metrics and /healthz here (default: the config's metrics.listen,"
+        " 127.0.0.1:9464)",
+    )
     run.set_defaults(handler=cmd_run)
 
     triage = sub.add_parser("triage", help="classify every failed invocation in a saved journal")
-    triage.add_argument("source", nargs="?", default="-", help="file, journal directory or -")
-    triage.add_argument("--unit", action="append", default=[], help="only this unit")
-    triage.add_argument("--config", type=Path)
-    triage.add_argument("--format", choices=("text", "json"), default="text")
+    triage.add_argument(
+        "source",
+        nargs="?",
+        default="-",
+        help="a journal directory or file, journalctl -o export or -o json output, or pasted"
+        " text; - (the default) reads standard input",
+    )
+    triage.add_argument(
+        "--unit",
+        action="append",
+        default=[],
+        metavar="UNIT",
+        help="only this unit (repeat for more)",
+    )
+    triage.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+    _add_format(triage)
     triage.set_defaults(handler=cmd_triage)
 
     check = sub.add_parser("check-config", help="validate a config and its signature table")
-    check.add_argument("path", nargs="?", type=Path)
+    check.add_argument(
+        "path",
+        nargs="?",
+        type=Path,
+        help=f"the config to check (default: ${CONFIG_ENV}, else {INSTALLED_CONFIG})",
+    )
     check.set_defaults(handler=cmd_check_config)
 
     signatures = sub.add_parser("signatures", help="inspect the signature table")
-    signatures.add_argument("--config", type=Path)
+    signatures.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
     sig_sub = signatures.add_subparsers(dest="signatures_command", required=True)
     sig_sub.add_parser("list", help="every signature").set_defaults(handler=cmd_signatures_list)
     test = sig_sub.add_parser("test", help="which signature matches which line of FILE, and why")
@@ -111,10 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     test.set_defaults(handler=cmd_signatures_test)
 
     history = sub.add_parser("history", help="every invocation the daemon classified")
-    history.add_argument("--unit")
-    history.add_argument("--format", choices=("text", "json"), default="text")
-    history.add_argument("--config", type=Path)
-    history.add_argument("--state-dir", type=Path)
+    history.add_argument("--unit", metavar="UNIT", help="only this unit's invocations")
+    _add_format(history)
+    history.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+    history.add_argument("--state-dir", type=Path, metavar="DIR", help=STATE_DIR_HELP)
     history.set_defaults(handler=cmd_history)
 
     for name, handler, text in (
@@ -122,10 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("release", cmd_release, "remove UNIT's quarantine so it may start again"),
     ):
         cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("unit")
-        cmd.add_argument("--config", type=Path)
-        cmd.add_argument("--runtime-dir", type=Path)
-        cmd.add_argument("--state-dir", type=Path)
+        cmd.add_argument("unit", help=UNIT_HELP)
+        cmd.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+        _add_dir_flags(cmd)
         cmd.set_defaults(handler=handler)
         if name == "gate":
             cmd.add_argument(
@@ -136,25 +173,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="what is halted, why, and is the supervisor healthy")
     status.add_argument("unit", nargs="*", help="these units (default: every configured one)")
-    status.add_argument("--config", type=Path)
-    status.add_argument("--runtime-dir", type=Path)
-    status.add_argument("--state-dir", type=Path)
-    status.add_argument("--format", choices=("text", "json"), default="text")
+    status.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+    _add_dir_flags(status)
+    _add_format(status)
     status.set_defaults(handler=cmd_status)
 
     preflight = sub.add_parser("preflight", help="check a unit's environment before it starts")
-    preflight.add_argument("unit")
-    preflight.add_argument("--config", type=Path)
-    preflight.add_argument("--python", type=Path, help="the served unit's interpreter")
-    preflight.add_argument("--port", type=port_number)
-    preflight.add_argument("--runtime-dir", type=Path)
-    preflight.add_argument("--state-dir", type=Path)
-    preflight.add_argument("--format", choices=("text", "json"), default="text")
+    preflight.add_argument("unit", help=UNIT_HELP)
+    preflight.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+    preflight.add_argument(
+        "--python",
+        type=Path,
+        metavar="PATH",
+        help="the served unit's interpreter (default: the unit's python in the config)",
+    )
+    preflight.add_argument(
+        "--port",
+        type=port_number,
+        metavar="PORT",
+        help="the port the server binds, checked free (default: the unit's port in the config)",
+    )
+    _add_dir_flags(preflight)
+    _add_format(preflight)
     preflight.set_defaults(handler=cmd_preflight)
 
     setup = sub.add_parser("setup", help="install the supervisor under systemd from its config")
-    setup.add_argument("--config", type=Path, help=f"default {INSTALLED_CONFIG}")
-    setup.add_argument("--program", help="the vllm-supervisor the units run (default: on PATH)")
+    setup.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help=f"the config to install from (default: {INSTALLED_CONFIG})",
+    )
+    setup.add_argument(
+        "--program", metavar="PATH", help="the vllm-supervisor the units run (default: on PATH)"
+    )
     setup.add_argument("--print", action="store_true", help="show the files, change nothing")
     setup.add_argument("--uninstall", action="store_true", help="remove what setup installed")
     setup.add_argument("--purge", action="store_true", help="with --uninstall: state and user too")
@@ -162,18 +214,36 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(handler=cmd_setup)
 
     demo = sub.add_parser("demo", help="replay the bundled crash loop into a real journal")
-    demo.add_argument("--directory", type=Path, help="where to write the demo journal")
+    demo.add_argument(
+        "--directory", type=Path, metavar="DIR", help="where to write the demo journal"
+    )
     demo.add_argument("--keep", action="store_true", help="keep the demo files")
     demo.set_defaults(handler=cmd_demo)
     return parser
 
 
 def _add_config_flags(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--config", type=Path, help="TOML config (default: built-in defaults)")
-    cmd.add_argument("--unit", action="append", default=[], help="supervise this unit too")
-    cmd.add_argument("--directory", type=Path, help="follow a journal directory (journalctl -D)")
-    cmd.add_argument("--state-dir", type=Path)
-    cmd.add_argument("--runtime-dir", type=Path)
+    cmd.add_argument("--config", type=Path, metavar="PATH", help=CONFIG_HELP)
+    cmd.add_argument(
+        "--unit",
+        action="append",
+        default=[],
+        metavar="UNIT",
+        help="supervise this unit too, with default settings (repeat for more)",
+    )
+    cmd.add_argument(
+        "--directory", type=Path, metavar="DIR", help="follow a journal directory (journalctl -D)"
+    )
+    _add_dir_flags(cmd)
+
+
+def _add_dir_flags(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--runtime-dir", type=Path, metavar="DIR", help=RUNTIME_DIR_HELP)
+    cmd.add_argument("--state-dir", type=Path, metavar="DIR", help=STATE_DIR_HELP)
+
+
+def _add_format(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--format", choices=("text", "json"), default="text", help=FORMAT_HELP)
 
 
 def config_path(args: argparse.Namespace) -> Path | None:
