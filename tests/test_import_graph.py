@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.app",),
     ("supervisor.commands",),
     ("supervisor.cli", "supervisor.__main__"),
+    ("supervisor.cli_docs",),  # generated from the parser: above the CLI itself
 )
 STAGE_FOLDERS = ("journal", "track", "classify", "decide", "actions", "notify", "environment")
 
