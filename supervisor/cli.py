@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="vllm-supervisor",
         description="Halt systemd restart loops of LLM inference servers on deterministic crashes.",
+        epilog="Exit status: 0 ok; 1 a command's own no (gate: quarantined; preflight: a check"
+        " failed; status: a unit is halted); 2 a bad config or input, said in one line; 3"
+        " (status) the daemon is down or unhealthy. `vllm-supervisor COMMAND --help` shows a"
+        " command's options; man vllm-supervisor shows them all.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
