@@ -151,7 +151,7 @@ def measure_in_container(runs: int, packages: int) -> dict[str, Any]:
     reason = unavailable()
     if reason is not None:
         raise SystemExit(f"--nspawn: {reason}")
-    from served import SEED_LOG, deployed_container, install_served_unit
+    from served import SEED_LOG, SITE, deployed_container, install_served_unit
 
     with (
         tempfile.TemporaryDirectory(prefix="vllm-supervisor-gate-") as tmp,
@@ -160,16 +160,16 @@ def measure_in_container(runs: int, packages: int) -> dict[str, Any]:
         box.write_file(ENV_FILE, "VLLM_USE_FLASHINFER_SAMPLER=1\n")
         box.write_file(DROP_IN, f"[Service]\nEnvironmentFile=-{ENV_FILE}\n")
         install_served_unit(box, SEED_LOG, "30s")
-        return _run_inside(box, runs, packages)
+        return _run_inside(box, runs, packages, SITE)
 
 
-def _run_inside(box: Any, runs: int, packages: int) -> dict[str, Any]:
+def _run_inside(box: Any, runs: int, packages: int, site: str) -> dict[str, Any]:
     box.run("mkdir", "-p", IN_CONTAINER_PATH)
     box.run("ln", "-sfn", "/opt/vsup/src/supervisor", f"{IN_CONTAINER_PATH}/vllm_supervisor")
     done = box.run(
         "env",
         "LD_LIBRARY_PATH=/opt/vsup/python/lib",
-        f"PYTHONPATH={IN_CONTAINER_PATH}:/opt/vsup/src:/opt/vsup/e2e",
+        f"PYTHONPATH={IN_CONTAINER_PATH}:/opt/vsup/src:/opt/vsup/e2e:{site}",
         "PYTHONDONTWRITEBYTECODE=1",
         "/opt/vsup/python/bin/python3",
         "-m",

@@ -6,7 +6,9 @@ the sysusers.d entry that creates the `vllm-supervisor` user. A fake `vllm.servi
 crash log and exits 1 under `Restart=always`. No test overrides the supervisor unit: the only
 test-specific drop-in sets the served unit's RestartSec=, and the repository and this Python are
 bound under /opt and reached through a wrapper at /usr/local/bin/vllm-supervisor, because the
-test Python lives under /root, which the unit's ProtectHome=yes hides.
+test Python may live under /root or /home, which the unit's ProtectHome=yes hides. Run from a
+venv (scripts/install-deps makes .venv), the venv's site-packages is bound beside its base
+Python and put on PYTHONPATH: a venv's own interpreter names its base by an absolute path.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import contextlib
 import json
 import socket
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,10 +40,15 @@ JOB_STARTED = "39f53479d3a045ac8e11786248231fbf"
 JOB_STOPPED = "9d1aaa27d60140bd96365438aad20286"
 CONDITION_SKIPPED = "0e4284a0caca4bfc81c0bb6786972673"
 
-WRAPPER = """#!/bin/sh
-# The test Python, relocated under /opt (its RUNPATH points into /root, hidden by ProtectHome).
-export LD_LIBRARY_PATH=/opt/vsup/python/lib PYTHONPATH=/opt/vsup/src PYTHONDONTWRITEBYTECODE=1
-exec /opt/vsup/python/bin/python3 -m supervisor "$@"
+# The test Python's base installation and the site-packages it imports from (the venv's when
+# it runs in one, else the base's own), relocated under /opt: its RUNPATH may point into /root.
+PYTHON = "/opt/vsup/python"
+SITE = "/opt/vsup/site"
+PYTHON_BINDS = [(sys.base_prefix, PYTHON), (sysconfig.get_path("purelib"), SITE)]
+WRAPPER = f"""#!/bin/sh
+# The test Python, relocated under /opt, running this checkout's package with its dependencies.
+export LD_LIBRARY_PATH={PYTHON}/lib PYTHONPATH=/opt/vsup/src:{SITE} PYTHONDONTWRITEBYTECODE=1
+exec {PYTHON}/bin/python3 -m supervisor "$@"
 """
 
 SERVED_UNIT = """[Unit]
@@ -98,7 +106,7 @@ def deployed_container(tmp_path: Path) -> Iterator[Container]:
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
     binds = [
-        (sys.base_prefix, "/opt/vsup/python"),
+        *PYTHON_BINDS,
         (REPO, "/opt/vsup/src"),
         (DATA, "/opt/vsup/e2e"),
         (bindir, "/usr/local/bin"),
@@ -114,7 +122,6 @@ def deployed_container(tmp_path: Path) -> Iterator[Container]:
         (DEPLOY / "sysusers.d/vllm-supervisor.conf", "/etc/sysusers.d/vllm-supervisor.conf"),
         (DEPLOY / "catalog", "/opt/vsup/catalog"),
     ]
-    assert sys.prefix == sys.base_prefix, "run the e2e tests with a non-venv Python"
     with booted_container(binds, workdir=tmp_path) as booted:
         yield booted
 
