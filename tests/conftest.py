@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from packaged import Built, build
 from slack_server import SlackServer
 
 import vllm_supervisor
@@ -89,3 +90,9 @@ def _slack() -> Iterator[SlackServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", name="built")
+def _built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """This checkout built once per run with `python -m build`: the sdist and its wheel."""
+    return build(tmp_path_factory.mktemp("build"))

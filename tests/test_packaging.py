@@ -1,10 +1,13 @@
-"""The installed package: its own import name, beside PyPI's `supervisor` (supervisord).
+"""The package as built and installed: `python -m build` gives an sdist and a wheel; the wheel
+installs with its dependencies from wheels alone, under its own import name, beside PyPI's
+`supervisor` (supervisord).
 
 The repository folder is `supervisor/`, but `supervisor` is the import name of supervisord,
 which vLLM itself pulls in (through model-hosting-container-standards). Installed under one
-name, uninstalling either package deleted the other's files. The package now installs as
-`vllm_supervisor` and imports itself relatively; these tests build it into a fresh venv next to
-supervisord (a wheel `scripts/install-deps` downloaded: no network here) and run both.
+name, uninstalling either package deleted the other's files. The package installs as
+`vllm_supervisor` and imports itself relatively; these tests install the wheel built from this
+checkout into fresh venvs next to supervisord (wheels `scripts/install-deps` keeps: no index
+here) and run both. tests/e2e/test_setup_e2e.py deploys the same wheel under systemd 252.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
+from packaged import Built, build, install, tracked_copy, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
-WHEELS = REPO / ".cache" / "wheels"
+READER = "vllm_supervisor/journal/vllm-supervisor-journal-reader"
 
 
 def run(*argv: str | Path, timeout: float = 300) -> str:
@@ -29,39 +35,75 @@ def run(*argv: str | Path, timeout: float = 300) -> str:
     return done.stdout
 
 
-def copy_of_repo(dest: Path) -> Path:
-    """The tracked files only (a build writes into its source tree)."""
-    files = run("git", "-C", REPO, "ls-files", "-z").split("\0")
-    for name in filter(None, files):
-        source, target = REPO / name, dest / name
-        if name.startswith("tests/"):
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():  # supervisor/data/signatures and deploy link into the repo
-            target.symlink_to(source.readlink())
-        elif source.is_file():
-            target.write_bytes(source.read_bytes())
-    return dest
+def supervisord() -> Path:
+    """PyPI's supervisord wheel, from the wheelhouse."""
+    found = sorted(wheelhouse().glob("supervisor-*.whl"))
+    assert found, f"no supervisord wheel in {wheelhouse()}: run scripts/install-deps"
+    return found[-1]
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv (seeing this interpreter's dependencies) with supervisord and vllm-supervisor."""
-    wheel = sorted(WHEELS.glob("supervisor-*.whl"))
-    assert wheel, f"no supervisord wheel in {WHEELS}: run scripts/install-deps"
-    root = tmp_path_factory.mktemp("pkg")
-    env = root / "venv"
-    run(sys.executable, "-m", "venv", "--system-site-packages", env)
-    pip = (env / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check")
-    run(*pip, "install", "--no-index", "--no-deps", wheel[-1])
-    source = copy_of_repo(root / "src")
-    run(*pip, "install", "--no-deps", "--no-build-isolation", source)
+def venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with supervisord and the built wheel, both from wheels only."""
+    env = tmp_path_factory.mktemp("pkg") / "venv"
+    install(env, supervisord(), built.wheel)
     return env
 
 
 def where(env: Path, module: str) -> str:
     code = f"import {module}; print({module}.__file__)"
     return run(env / "bin" / "python", "-I", "-c", code).strip()
+
+
+class TestBuild:
+    def test_the_sdist_holds_what_the_wheel_is_built_from(self, built: Built) -> None:
+        """The wheel is built from the sdist (`python -m build`), so the sdist carries the
+        sources of both native parts, the build files and the data behind the symlinks."""
+        with tarfile.open(built.sdist) as sdist:
+            names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+        for name in (
+            "pyproject.toml",
+            "setup.py",
+            "supervisor/journal/journal_reader.c",
+            "supervisor/journal/_rows.c",
+            "supervisor/data/signatures/vllm.toml",
+            "supervisor/data/deploy/systemd/vllm-supervisor.service",
+        ):
+            assert name in names, name
+
+    def test_the_wheel_carries_the_native_reader_and_the_honest_python_range(
+        self, built: Built
+    ) -> None:
+        """With libsystemd-dev on the build machine the wheel holds the reader program
+        (executable) and the rows' parser, for the Python that built it."""
+        with zipfile.ZipFile(built.wheel) as wheel:
+            modes = {i.filename: i.external_attr >> 16 for i in wheel.infolist()}
+            [metadata] = [n for n in modes if n.endswith(".dist-info/METADATA")]
+            fields = wheel.read(metadata).decode()
+        assert modes[READER] & 0o111 == 0o111, oct(modes[READER])
+        assert any(n.startswith("vllm_supervisor/journal/_rows.") for n in modes if ".so" in n)
+        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        assert f"-{tag}-{tag}-linux_" in built.wheel.name, built.wheel.name
+        assert "Requires-Python: >=3.11" in fields.splitlines()
+        assert not [n for n in modes if n.startswith("tests/")]
+
+
+def test_a_wheel_built_without_libsystemd_reads_through_journalctl(tmp_path: Path) -> None:
+    """On a build machine without libsystemd's headers the wheel still builds, without the
+    reader program; installed, the daemon picks journalctl and the demo still halts its
+    crash loop."""
+    built = build(tmp_path / "build", without_libsystemd=True)
+    with zipfile.ZipFile(built.wheel) as wheel:
+        assert READER not in wheel.namelist()
+    env = tmp_path / "venv"
+    install(env, built.wheel)
+    code = (
+        "from vllm_supervisor.journal.reader import native_available, resolve_source; "
+        "print(native_available(), resolve_source('auto'))"
+    )
+    assert run(env / "bin" / "python", "-I", "-c", code).split() == ["False", "journalctl"]
+    demo = run(env / "bin" / "vllm-supervisor", "demo", timeout=120)
+    assert "decision:    HALT: known fatal crash 'flashinfer_cubin_mismatch'" in demo
 
 
 class TestBesideSupervisord:
@@ -86,12 +128,12 @@ class TestBesideSupervisord:
         assert refused.returncode == 2
         assert "unknown or incomplete option: --no-such-option" in refused.stderr
 
-    def test_removing_one_leaves_the_other_whole(self, venv: Path) -> None:
+    def test_removing_one_leaves_the_other_whole(self, venv: Path, built: Built) -> None:
         """Uninstalling vllm-supervisor does not touch supervisord's files, and back."""
-        pip = (venv / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check")
+        pip = (sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "-q")
         run(*pip, "uninstall", "-y", "vllm-supervisor")
         assert run(venv / "bin" / "supervisord", "--version").strip().startswith("4.")
-        run(*pip, "install", "--no-deps", "--no-build-isolation", venv.parent / "src")
+        run(*pip, "install", "--no-index", "--no-deps", built.wheel)
         run(*pip, "uninstall", "-y", "supervisor")
         assert run(venv / "bin" / "vllm-supervisor", "--version").startswith("vllm-supervisor")
         assert where(venv, "vllm_supervisor").startswith(str(venv))
@@ -101,9 +143,9 @@ def test_the_suite_refuses_the_code_of_another_checkout(tmp_path: Path) -> None:
     """Run in a copy of this checkout, the suite stops before collecting (exit 4) and names
     both places: this interpreter imports vllm_supervisor from here, not from the copy, and
     the copy's tests would otherwise pass or fail on this checkout's code."""
-    clone = copy_of_repo(tmp_path / "clone")
+    clone = tracked_copy(tmp_path / "clone")
     (clone / "tests").mkdir()
-    for helper in ("conftest.py", "slack_server.py"):
+    for helper in ("conftest.py", "packaged.py", "slack_server.py"):
         (clone / "tests" / helper).write_bytes((REPO / "tests" / helper).read_bytes())
     (clone / "tests" / "test_anything.py").write_text("def test_anything() -> None:\n    pass\n")
     done = subprocess.run(

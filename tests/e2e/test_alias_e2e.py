@@ -16,6 +16,7 @@ import json
 
 import pytest
 from nspawn import Container, wait_for
+from packaged import Built
 from served import (
     QUARANTINE,
     SEED_LOG,
@@ -29,7 +30,7 @@ from served import (
     start_supervisor,
     supervisor_events,
 )
-from test_setup_e2e import bare, pip_install
+from test_setup_e2e import COMMAND, bare, install_wheel
 
 pytestmark = pytest.mark.nspawn
 __all__ = ["bare", "container"]  # the fixtures, used by name
@@ -115,11 +116,11 @@ def test_a_config_naming_an_alias_halts_the_real_unit_at_the_first_crash(
     assert not quarantined(container)
 
 
-def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container) -> None:
+def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container, built: Built) -> None:
     """setup from a config naming llm.service writes the gate drop-in under vllm.service.d
     and `vllm.service` into the polkit rule (polkit is asked about the real name), says so,
     and the fatal crash is halted at the first run."""
-    pip_install(bare)
+    install_wheel(bare, built)
     bare.write_file(
         "/etc/vllm-supervisor/supervisor.toml",
         f'[[unit]]\nname = "{ALIAS}"\n\n[metrics]\nlisten = "127.0.0.1:9464"\n',
@@ -129,14 +130,14 @@ def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container) -> 
         "sh", "-c", "chgrp -R systemd-journal /run/log/journal; chmod -R g+rX /run/log/journal"
     )
     bare.systemctl("restart", "systemd-journald")
-    done = bare.run("vllm-supervisor", "setup", timeout=120)
+    done = bare.run(COMMAND, "setup", timeout=120)
     assert f"/etc/systemd/system/{UNIT}.d/10-vllm-supervisor.conf" in done.stdout
     assert f"/{ALIAS}.d" not in done.stdout
     assert f"supervising {UNIT}\n" in done.stdout
     assert f"{ALIAS} is an alias of {UNIT}" in done.stderr, done.stderr
     rule = bare.run("cat", "/etc/polkit-1/rules.d/50-vllm-supervisor.rules").stdout
     assert f'var SUPERVISED_UNITS = ["{UNIT}"]' in rule
-    check = bare.run("vllm-supervisor", "check-config", "/etc/vllm-supervisor/supervisor.toml")
+    check = bare.run(COMMAND, "check-config", "/etc/vllm-supervisor/supervisor.toml")
     assert f"{ALIAS} is an alias of {UNIT}" in check.stderr, check.stderr
     assert "no gate drop-in" not in check.stderr
     wait_for(
@@ -150,4 +151,5 @@ def test_setup_for_an_alias_gates_and_permits_the_real_unit(bare: Container) -> 
     wait_for(lambda: (quarantined(bare) and settled(bare)) or None, timeout=60,
              what="the served unit halted")  # fmt: skip
     assert len(invocations_that_ran(bare)) == 1
-    assert [i["taken"] for i in history(bare)][:1] == ["halted"]
+    decided = json.loads(bare.run(COMMAND, "history", "--format", "json").stdout)
+    assert [i["taken"] for i in decided["invocations"]][:1] == ["halted"]

@@ -1,20 +1,23 @@
-"""`vllm-supervisor setup` on a bare systemd 252 (in systemd-nspawn): one command from a pip
-install to a supervised, halted crash loop, and `setup --uninstall --purge` leaves nothing.
+"""deploy/README.md on a bare systemd 252 (in systemd-nspawn): the wheel `python -m build` made
+of this checkout, installed into a root-owned venv (/opt/vllm-supervisor) of the distribution's
+python3, then `vllm-supervisor setup`: one command to a supervised, halted crash loop, and
+`setup --uninstall --purge` leaves nothing.
 
-The container has none of the deploy files: the package is pip-installed into a venv inside
-it, the config names the served unit, and setup writes the supervisor's unit, its user, the
-served unit's gate drop-in, the polkit rule (generated from the config's unit names) and the
-catalog. Before, installing took ~15 hand-typed commands and a hand-edited polkit rule.
+The container has none of the deploy files: the wheel and its dependencies' wheels are installed
+as on a host without an index, the config names the served unit, and setup writes the
+supervisor's unit, its user, the served unit's gate drop-in, the polkit rule (generated from
+the config's unit names) and the catalog. Before, installing took ~15 hand-typed commands and
+a hand-edited polkit rule.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from nspawn import Container, booted_container, wait_for
+from packaged import Built, wheelhouse
 from served import (
     DATA,
     REPO,
@@ -28,11 +31,8 @@ from served import (
 
 pytestmark = pytest.mark.nspawn
 
-SHIM = """#!/bin/sh
-# The venv's command; LD_LIBRARY_PATH only because the test's Python is relocated under /opt.
-export LD_LIBRARY_PATH=/opt/vsup/python/lib PYTHONDONTWRITEBYTECODE=1
-exec /opt/venv/bin/vllm-supervisor "$@"
-"""
+INSTALLED_VENV = "/opt/vllm-supervisor"  # where deploy/README.md installs
+COMMAND = f"{INSTALLED_VENV}/bin/vllm-supervisor"
 VENV = "/home/ops/venv"  # a served venv under /home: hidden by the daemon's ProtectHome=
 CONFIG = f"""[[unit]]
 name = "{UNIT}"
@@ -57,22 +57,19 @@ INSTALLED = (
     f"/etc/systemd/system/{UNIT}.d/10-vllm-supervisor.conf",
     "/usr/local/lib/systemd/catalog/vllm-supervisor.catalog",
 )
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "supervisor", "config", "deploy")
 
 
 @pytest.fixture
-def bare(tmp_path: Path) -> Iterator[Container]:
-    """A booted container with the test's Python and the repository, nothing installed."""
-    bindir, local_lib = tmp_path / "bin", tmp_path / "local-lib"
-    bindir.mkdir()
+def bare(tmp_path: Path, built: Built) -> Iterator[Container]:
+    """A booted container with the built wheel and the wheels of its dependencies, nothing
+    installed. Its python3 is the host's /usr (Debian's), not the test's interpreter."""
+    local_lib = tmp_path / "local-lib"
     local_lib.mkdir()
-    (bindir / "vllm-supervisor").write_text(SHIM)
-    (bindir / "vllm-supervisor").chmod(0o755)
     binds = [
-        (sys.base_prefix, "/opt/vsup/python"),
+        (built.wheel.parent, "/opt/vsup/dist"),
+        (wheelhouse(), "/opt/vsup/wheels"),
         (REPO, "/opt/vsup/src"),
         (DATA, "/opt/vsup/e2e"),
-        (bindir, "/usr/local/bin"),
     ]
     with booted_container(
         binds, workdir=tmp_path, writable=[(local_lib, "/usr/local/lib")]
@@ -80,17 +77,18 @@ def bare(tmp_path: Path) -> Iterator[Container]:
         yield booted
 
 
-def pip_install(box: Container) -> None:
-    """The package from a copy of the checkout into /opt/venv, as an operator would."""
-    copy = " ".join(f"/opt/vsup/src/{name}" for name in SOURCES)
-    python = "LD_LIBRARY_PATH=/opt/vsup/python/lib /opt/vsup/python/bin/python3"
+def install_wheel(box: Container, built: Built) -> None:
+    """deploy/README.md's install, from wheels only (the container has no index)."""
     script = (
-        f"set -e; mkdir -p /tmp/src; cp -r {copy} /tmp/src/;"
-        f" {python} -m venv --system-site-packages /opt/venv;"
-        " LD_LIBRARY_PATH=/opt/vsup/python/lib /opt/venv/bin/pip install -q"
-        " --disable-pip-version-check --no-deps --no-build-isolation /tmp/src"
+        f"set -e; python3 -m venv {INSTALLED_VENV};"
+        f" {INSTALLED_VENV}/bin/pip install -q --disable-pip-version-check --no-index"
+        f" --find-links /opt/vsup/wheels /opt/vsup/dist/{built.wheel.name}"
     )
-    box.run("sh", "-c", script, timeout=300)
+    done = box.run("sh", "-c", script, timeout=300, check=False)
+    assert done.returncode == 0, (
+        f"the wheel {built.wheel.name} did not install into the container's python3"
+        f" ({box.run('python3', '-V').stdout.strip()}): {done.stderr[-2000:]}"
+    )
 
 
 def exists(box: Container, path: str) -> bool:
@@ -105,15 +103,18 @@ def refuse_what_root_must_not_run(box: Container) -> None:
     box.run("chown", "-R", "65534:65534", "/home/ops/vs")
     cases = [(f"{VENV}/bin/python", "ProtectHome="), ("/home/ops/vs/bin/python", "another account")]
     for program, said in cases:
-        refused = box.run("vllm-supervisor", "setup", "--program", program, check=False)
+        refused = box.run(COMMAND, "setup", "--program", program, check=False)
         assert refused.returncode == 2 and said in refused.stderr, refused
         assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
         assert [p for p in INSTALLED if exists(box, p)] == []
 
 
-def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) -> None:
-    """setup (twice: idempotent) → the fatal crash halted at the first run → uninstall."""
-    pip_install(bare)
+def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(
+    bare: Container, built: Built
+) -> None:
+    """The wheel installed → setup (twice: idempotent) → the fatal crash halted at the first
+    run, read by the wheel's native reader under the unit's sandbox → uninstall."""
+    install_wheel(bare, built)
     bare.run("/usr/bin/python3", "-m", "venv", "--without-pip", VENV)
     bare.write_file("/etc/vllm-supervisor/supervisor.toml", CONFIG)
     bare.write_file(f"/etc/systemd/system/{UNIT}", SERVED)
@@ -124,12 +125,14 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
     )
     bare.systemctl("restart", "systemd-journald")
     refuse_what_root_must_not_run(bare)
-    done = bare.run("vllm-supervisor", "setup", timeout=120)
+    done = bare.run(COMMAND, "setup", timeout=120)
     first = done.stdout
     assert all(path in first for path in INSTALLED), first
+    unit = bare.run("cat", "/etc/systemd/system/vllm-supervisor.service").stdout
+    assert f"ExecStart={COMMAND} " in unit, unit
     # systemd 252 answered over D-Bus and knows the configured unit: nothing to warn about.
     assert "warning" not in done.stderr, done.stderr
-    again = bare.run("vllm-supervisor", "setup", timeout=120).stdout
+    again = bare.run(COMMAND, "setup", timeout=120).stdout
     assert "0 file(s) changed" in again and "wrote" not in again
     rule = bare.run("cat", "/etc/polkit-1/rules.d/50-vllm-supervisor.rules").stdout
     assert f'var SUPERVISED_UNITS = ["{UNIT}"]' in rule
@@ -140,13 +143,15 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
         timeout=30,
         what="the supervisor to run",
     )
-    check = bare.run("vllm-supervisor", "check-config", "/etc/vllm-supervisor/supervisor.toml")
+    check = bare.run(COMMAND, "check-config", "/etc/vllm-supervisor/supervisor.toml")
     assert "no gate drop-in" not in check.stderr
     bare.systemctl("start", "--no-block", UNIT)
     wait_for(lambda: (quarantined(bare) and settled(bare)) or None, timeout=60,
              what="the served unit halted")  # fmt: skip
     assert len(invocations_that_ran(bare)) == 1
-    assert bare.run("vllm-supervisor", "status", check=False).returncode == 1
+    assert bare.run(COMMAND, "status", check=False).returncode == 1
+    readers = [e.get("reader") for e in supervisor_events(bare, "following_journal")]
+    assert readers and set(readers) == {"native"}, readers
     # Drift sees the served venv through the bind (before: drift_blind, nothing recorded).
     wait_for(lambda: supervisor_events(bare, "environment_recorded"), timeout=20,
              what="the served environment recorded")  # fmt: skip
@@ -155,7 +160,7 @@ def test_setup_halts_a_fatal_loop_and_uninstall_leaves_nothing(bare: Container) 
     [line] = [x for x in security.stdout.splitlines() if "Overall exposure level" in x]
     assert float(line.split(":")[1].split()[0]) <= 2.0, line
 
-    gone = bare.run("vllm-supervisor", "setup", "--uninstall", "--purge", timeout=120).stdout
+    gone = bare.run(COMMAND, "setup", "--uninstall", "--purge", timeout=120).stdout
     assert "uninstalled" in gone
     assert [p for p in INSTALLED if exists(bare, p)] == []
     assert not exists(bare, "/var/lib/vllm-supervisor") and not exists(bare, "/run/vllm-supervisor")
