@@ -53,8 +53,9 @@ CREDENTIAL_FILE = Path("/etc/vllm-supervisor/slack-webhook")  # the unit's LoadC
 TRUST_TOP = Path("/")  # where the checks of what root may trust stop (tests: their temp dir)
 INSTALL_HINT = (
     "install into a root-owned venv (python3 -m venv /opt/vllm-supervisor &&"
-    " /opt/vllm-supervisor/bin/pip install vllm-supervisor) and run its setup, or pass"
-    " --program a root-owned vllm-supervisor outside /home, /root, /run/user, /tmp, /var/tmp"
+    " /opt/vllm-supervisor/bin/pip install vllm_supervisor-*.whl: deploy/README.md) and run its"
+    " setup, or pass --program a root-owned vllm-supervisor outside /home, /root, /run/user,"
+    " /tmp, /var/tmp"
 )
 POLKIT_ACCOUNTS = ("polkitd", "polkit")
 _PYTHON_VERSION = re.compile(r"^python(\d+\.\d+)")
