@@ -8,10 +8,13 @@ copy again for `ExecReload=`, so the daemon reads the new URL at the SIGHUP.)
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 from nspawn import Container, wait_for
 from served import (
     SEED_LOG,
+    SUPERVISOR_CONFIG,
     UNIT,
     container,
     install_served_unit,
@@ -27,6 +30,12 @@ SUPERVISOR = "vllm-supervisor.service"
 CREDENTIAL = "/etc/vllm-supervisor/slack-webhook"
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def status(box: Container) -> str:
     return box.run("vllm-supervisor", "status", check=False).stdout
 
@@ -35,7 +44,10 @@ def test_a_webhook_written_and_reloaded_turns_slack_on(container: Container) -> 
     slack = SlackServer()  # on the host's loopback, which the container shares
     slack.start()
     try:
-        start_supervisor(container)  # with an empty credential: Slack off
+        # Its own metrics port: the host's loopback is shared with any other container.
+        config = SUPERVISOR_CONFIG.replace("127.0.0.1:9464", f"127.0.0.1:{free_port()}")
+        assert config != SUPERVISOR_CONFIG
+        start_supervisor(container, config)  # with an empty credential: Slack off
         assert "    slack:     off (no webhook URL configured)" in status(container)
         daemon_pid = container.show(SUPERVISOR, "MainPID")["MainPID"]
         container.write_file(CREDENTIAL, slack.url + "\n", mode="0600")
