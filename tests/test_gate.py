@@ -41,6 +41,17 @@ class TestGate:
         assert "flashinfer_cubin_mismatch" in text
         assert "vllm-supervisor release vllm.service" in text
 
+    def test_the_refusal_never_echoes_the_root_cause(self, dirs: tuple[Path, Path]) -> None:
+        """The gate's lines land in the next run's journal: an echoed `RuntimeError: ...` of
+        the halted crash became the root cause of the next crash after a lifted halt."""
+        cause = "RuntimeError: flashinfer-cubin version (0.6.3) does not match"
+        Quarantine(dirs[0] / "quarantine").write(
+            "vllm.service", {"signature": "flashinfer_cubin_mismatch", "root_cause": cause}
+        )
+        status, said = gate("vllm.service", dirs)
+        assert status == EXIT_QUARANTINED
+        assert "flashinfer_cubin_mismatch" in said and "RuntimeError" not in said
+
     def test_other_units_are_not_affected(self, dirs: tuple[Path, Path]) -> None:
         """Only the quarantined unit is refused."""
         Quarantine(dirs[0] / "quarantine").write("vllm@0.service", {})

@@ -266,11 +266,14 @@ def _tell_released(unit: str, runtime_dir: Path) -> None:
 
 
 def _summary(record: dict[str, Any]) -> str:
+    """The record in one line, without its root cause: the gate's lines land in the unit's
+    journal, in the next run's, where an echoed `RuntimeError: ...` would read as that run's
+    own cause (`vllm-supervisor status UNIT` shows it)."""
     if record.get("corrupt"):
         return f"record is unreadable ({record.get('error')}); treated as quarantined"
     fields: Iterable[str] = (
         f"{key}={record[key]}"
-        for key in ("time", "signature", "title", "root_cause", "reason", "invocation_id")
+        for key in ("time", "signature", "title", "reason", "invocation_id")
         if record.get(key)
     )
     return "; ".join(fields) or "no details recorded"

@@ -87,4 +87,8 @@ def test_a_fatal_crash_while_the_supervisor_is_away_halts_on_the_first_start(
         for e in container.journal("-u", UNIT)
         if "waiting for the supervisor" in str(e.get("MESSAGE"))
     ]
-    assert gate_lines, "the gate must say once that it waits for the supervisor to come back"
+    # After a kill the supervisor is away for RestartSec=2s at least: the gate found no daemon
+    # and said it waits. A `systemctl restart` can be back (its socket listening) before the
+    # unit's restart runs its gate, which then simply asks it.
+    if how != "restart":
+        assert len(gate_lines) == 1, "the gate must say once that it waits for the supervisor"

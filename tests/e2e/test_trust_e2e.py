@@ -45,13 +45,16 @@ listen = "127.0.0.1:9464"
 
 def install(box: Container, exec_start: str, *, restart: str = "always", sec: str = "100ms",
             service: str = "") -> None:  # fmt: skip
-    """The served unit with this ExecStart= (the shipped gate drop-in applies), reloaded."""
+    """The served unit with this ExecStart= (the shipped gate drop-in applies), reloaded.
+    `service` goes into a drop-in that sorts after the shipped one, so it overrides it (the
+    shipped one raises LogRateLimitBurst=, a test of journald's limit lowers it again)."""
     box.write_file(
         f"/etc/systemd/system/{UNIT}",
-        f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={exec_start}\n"
-        f"Restart={restart}\n{service}",
+        f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={exec_start}\nRestart={restart}\n",
     )
-    box.write_file(f"/etc/systemd/system/{UNIT}.d/50-e2e.conf", f"[Service]\nRestartSec={sec}\n")
+    box.write_file(
+        f"/etc/systemd/system/{UNIT}.d/50-e2e.conf", f"[Service]\nRestartSec={sec}\n{service}"
+    )
     box.systemctl("daemon-reload")
 
 
