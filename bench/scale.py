@@ -1,0 +1,331 @@
+"""`python -m bench.scale`: the daemon's costs against the size of each input, no cliffs.
+
+    python -m bench.scale                                 # every section, 3 interleaved runs
+    python -m bench.scale --sections backlog --runs 3     # one section
+    python -m bench.scale --quick                         # small inputs, 1 run: the CI smoke
+    python -m bench.scale --code /tmp/before --label before   # another checkout's daemon
+
+Sections (journals from `bench.scale_journals`, written once through journal-remote and cached):
+- `units`: 1, 64, 100 and 500 supervised units, each serving 600 lines, crashes in units 1,
+  64, 65, 100 and 500: crashes decided of those written, reader restarts, the daemon's
+  anonymous memory once caught up, and the cost of one more unit (the slope, MB per unit).
+- `backlog`: a 5M-entry journal (after downtime) in which the unit is 1 %, read from its head:
+  `journalctl -u UNIT -o export > /dev/null` (the index's speed, the baseline of each run), the
+  native reader child alone until it caught up, and the daemon: its first and last decision and
+  when it caught up. Ratios are against journalctl in the same run (medians of the ratios).
+- `lines`: 8 units each logging 2,700 error lines of 100 B to 64 KiB, runs still open: the
+  daemon's anonymous memory and peak once everything is read.
+
+Each measurement runs in a fresh interpreter (`bench.scale_worker`), interleaved over the runs
+(A B C A B C ...). `--code PATH` measures the checkout at PATH instead (its `supervisor/`
+built in place): the before/after of a change come from two runs of this same script. Results go
+to `bench/results/scale-LABEL.json`; the tables are printed (Markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.scale_journals import (
+    UNIT,
+    ScaleJournal,
+    backlog_journal,
+    lines_journal,
+    units_journal,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+SECTIONS = ("units", "backlog", "lines")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__)
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--units", default="1,64,100,500")
+    parser.add_argument("--backlog-entries", type=int, default=5_000_000)
+    parser.add_argument("--backlog-share", type=float, default=0.01)
+    parser.add_argument("--line-sizes", default="100,1024,16384,65536")
+    parser.add_argument(
+        "--with-fallback", action="store_true", help="backlog: also the journalctl reader"
+    )
+    parser.add_argument("--code", type=Path, default=None, help="a checkout to measure instead")
+    parser.add_argument("--label", default="latest")
+    parser.add_argument("--cache", type=Path, default=None, help="journal cache directory")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per daemon run, seconds")
+    parser.add_argument("--quick", action="store_true", help="small inputs, one run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.runs = 1
+        args.units = "1,100"
+        args.backlog_entries = min(args.backlog_entries, 50_000)
+        args.line_sizes = "1024"
+        args.timeout = min(args.timeout, 60.0)
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+class Worker:
+    """Runs `bench.scale_worker` in a fresh interpreter, on this checkout or on `code`'s."""
+
+    def __init__(self, code: Path | None, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.env = {**os.environ, "PYTHONHASHSEED": "0"}
+        self._shim: tempfile.TemporaryDirectory[str] | None = None
+        if code is not None:
+            # The package is `vllm_supervisor`, its directory `supervisor/`: a link names it.
+            self._shim = tempfile.TemporaryDirectory(prefix="vllm-supervisor-code-")
+            (Path(self._shim.name) / "vllm_supervisor").symlink_to(code.resolve() / "supervisor")
+            self.env["PYTHONPATH"] = self._shim.name
+
+    def run(self, mode: str, journal: ScaleJournal, **spec: Any) -> dict[str, Any]:
+        """One measurement; its JSON."""
+        full = {
+            "journal": str(journal.directory),
+            "units": list(journal.units),
+            "expect": journal.crashes,
+            "reader": "auto",
+            "timeout_s": self.timeout_s,
+            **spec,
+        }
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+            json.dump(full, file)
+            file.flush()
+            result = subprocess.run(
+                [sys.executable, "-m", "bench.scale_worker", mode, file.name],
+                capture_output=True,
+                check=False,
+                cwd=REPO,
+                env=self.env,
+                timeout=self.timeout_s + 120,
+            )
+        if result.returncode != 0:
+            raise SystemExit(f"bench.scale_worker {mode} failed: {result.stderr.decode()[-800:]}")
+        data: dict[str, Any] = json.loads(result.stdout.decode().strip().splitlines()[-1])
+        return data
+
+
+def journalctl_unit(journal: ScaleJournal) -> dict[str, Any]:
+    """`journalctl -D DIR -u UNIT -o export > /dev/null`: wall and CPU seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    subprocess.run(
+        ["journalctl", f"--directory={journal.directory}", f"--unit={UNIT}", "--output=export",
+         "--no-pager", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def median(values: list[float | None]) -> float | None:
+    """The median of the values present (None when there are none)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def section_units(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
+    """Decisions, restarts and memory against the number of units."""
+    counts = _ints(args.units)
+    journals = {n: units_journal(n, root=args.cache) for n in counts}
+    raw: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    for run in range(args.runs):
+        for n in counts:
+            result = worker.run("daemon", journals[n])
+            raw[n].append(result)
+            print(
+                f"  units run {run + 1}/{args.runs} {n:>4} units: {result['decided']}"
+                f"/{journals[n].crashes} decided, {result['reader_restarts']} restarts, "
+                f"{result['rss_anon_mb']:.1f} MB anon",
+                flush=True,
+            )
+    rows = {
+        str(n): {
+            "units": n,
+            "crashes": journals[n].crashes,
+            "decided": min(r["decided"] for r in raw[n]),
+            "reader_restarts": max(r["reader_restarts"] for r in raw[n]),
+            "caught_up_s": median([r["caught_up_s"] for r in raw[n]]),
+            "last_s": median([r["last_s"] for r in raw[n]]),
+            "rss_anon_mb": median([r["rss_anon_mb"] for r in raw[n]]),
+            "child_anon_mb": median([r.get("child_anon_mb") for r in raw[n]]),
+            "runs": raw[n],
+        }
+        for n in counts
+    }
+    low, high = rows[str(min(counts))], rows[str(max(counts))]
+    slope = None
+    if len(counts) > 1 and low["rss_anon_mb"] is not None and high["rss_anon_mb"] is not None:
+        slope = (high["rss_anon_mb"] - low["rss_anon_mb"]) / (max(counts) - min(counts))
+    return {"rows": rows, "mb_per_unit": slope}
+
+
+def section_backlog(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
+    """Catch-up on a backlog against `journalctl -u` on the same files, in the same run."""
+    journal = backlog_journal(args.backlog_entries, args.backlog_share, root=args.cache)
+    modes: dict[str, Callable[[], dict[str, Any]]] = {
+        "journalctl_u": lambda: journalctl_unit(journal),
+        "child": lambda: worker.run("child", journal),
+        "daemon": lambda: worker.run("daemon", journal),
+    }
+    if args.with_fallback:
+        modes["daemon_journalctl"] = lambda: worker.run("daemon", journal, reader="journalctl")
+    raw: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for run in range(args.runs):
+        for mode, measure in modes.items():
+            result = measure()
+            raw[mode].append(result)
+            wall = result.get("wall_s", result.get("caught_up_s"))
+            print(f"  backlog run {run + 1}/{args.runs} {mode:<18} {wall or 0:.2f} s", flush=True)
+    base = raw["journalctl_u"]
+    rows: dict[str, Any] = {}
+    for mode, runs in raw.items():
+        walls = [r.get("wall_s", r.get("caught_up_s")) for r in runs]
+        ratios = [
+            w / b["wall_s"] if w is not None else None for w, b in zip(walls, base, strict=True)
+        ]
+        rows[mode] = {
+            "wall_s": median(walls),
+            "cpu_s": median([r["cpu_s"] for r in runs]),
+            "vs_journalctl_u": median(ratios),
+            "first_decision_s": median([r.get("first_s") for r in runs]),
+            "last_decision_s": median([r.get("last_s") for r in runs]),
+            "decided": min((r.get("decided", 0) for r in runs), default=0),
+            "runs": runs,
+        }
+    return {
+        "entries": journal.entries,
+        "bytes_on_disk": journal.bytes_on_disk,
+        "share": args.backlog_share,
+        "crashes": journal.crashes,
+        "rows": rows,
+    }
+
+
+def section_lines(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
+    """The daemon's memory with 8 units of long error lines, their runs open."""
+    sizes = _ints(args.line_sizes)
+    journals = {size: lines_journal(size, root=args.cache) for size in sizes}
+    raw: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+    for run in range(args.runs):
+        for size in sizes:
+            result = worker.run("daemon", journals[size])
+            raw[size].append(result)
+            print(
+                f"  lines run {run + 1}/{args.runs} {size:>6} B: {result['rss_anon_mb']:.1f} MB"
+                f" anon, peak {result['hwm_mb']:.1f} MB",
+                flush=True,
+            )
+    return {
+        "rows": {
+            str(size): {
+                "line_bytes": size,
+                "entries": journals[size].entries,
+                "rss_anon_mb": median([r["rss_anon_mb"] for r in raw[size]]),
+                "hwm_mb": median([r["hwm_mb"] for r in raw[size]]),
+                "caught_up_s": median([r["caught_up_s"] for r in raw[size]]),
+                "runs": raw[size],
+            }
+            for size in sizes
+        }
+    }
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def tables(result: dict[str, Any]) -> str:
+    """Every measured section as a Markdown table."""
+    out: list[str] = []
+    units = result.get("units")
+    if units:
+        out += [
+            "| units | crashes decided | reader restarts | caught up (s) | daemon anon (MB)"
+            " | reader child anon (MB) |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in units["rows"].values():
+            out.append(
+                f"| {row['units']} | {row['decided']} of {row['crashes']} "
+                f"| {row['reader_restarts']} | {_fmt(row['caught_up_s'])} "
+                f"| {_fmt(row['rss_anon_mb'], '.1f')} | {_fmt(row['child_anon_mb'], '.1f')} |"
+            )
+        out += [f"\nOne more unit: {_fmt(units['mb_per_unit'], '.3f')} MB anonymous.\n"]
+    backlog = result.get("backlog")
+    if backlog:
+        out += [
+            f"Backlog: {backlog['entries']:,} entries, {backlog['bytes_on_disk'] / 1e9:.1f} GB,"
+            f" {UNIT} {backlog['share']:.0%} of them, {backlog['crashes']} crashes.\n",
+            "| reader | caught up (s) | CPU (s) | vs journalctl -u | first decision (s)"
+            " | last decision (s) | decided |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        labels = {
+            "journalctl_u": f"journalctl -u {UNIT} -o export > /dev/null",
+            "child": "native reader child alone",
+            "daemon": "daemon (native reader)",
+            "daemon_journalctl": "daemon (journalctl reader)",
+        }
+        for mode, row in backlog["rows"].items():
+            decided = "-" if mode in ("journalctl_u", "child") else str(row["decided"])
+            out.append(
+                f"| {labels[mode]} | {_fmt(row['wall_s'])} | {_fmt(row['cpu_s'])} "
+                f"| {_fmt(row['vs_journalctl_u'])}x | {_fmt(row['first_decision_s'])} "
+                f"| {_fmt(row['last_decision_s'])} | {decided} |"
+            )
+        out.append("")
+    lines = result.get("lines")
+    if lines:
+        out += [
+            "| 8 units, error lines of | daemon anon (MB) | daemon peak RSS (MB) |",
+            "|---:|---:|---:|",
+        ]
+        for row in lines["rows"].values():
+            out.append(
+                f"| {row['line_bytes']:,} B | {_fmt(row['rss_anon_mb'], '.1f')} "
+                f"| {_fmt(row['hwm_mb'], '.1f')} |"
+            )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    worker = Worker(args.code, args.timeout)
+    sections = {"units": section_units, "backlog": section_backlog, "lines": section_lines}
+    result: dict[str, Any] = {
+        "label": args.label,
+        "code": str(args.code or REPO),
+        "runs": args.runs,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    for name in args.sections.split(","):
+        print(f"== {name}", flush=True)
+        result[name] = sections[name](args, worker)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"scale-{args.label}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{tables(result)}\n\n(written to {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""One measured run on a saved journal in a fresh interpreter: `bench.scale`'s worker.
+
+`python -m bench.scale_worker daemon SPEC.json` runs `supervisor.app.run_daemon` (systemd and
+metrics off, state in a temporary directory, the journal directory read from its head, as after
+downtime) until `expect` invocations were decided and the reader child has answered a sync
+request (the whole journal read and handed over), then prints one JSON object:
+- `first_s`, `last_s`: seconds from the daemon's start to its first and last decision;
+- `caught_up_s`: to the sync answer (everything in the journal read);
+- `decided`, `units_decided`, `reader_restarts`;
+- `rss_anon_mb`, `rss_mb`, `hwm_mb` (the daemon's RssAnon, VmRSS, VmHWM once caught up),
+  `child_anon_mb`, `child_rss_mb` (its reader child's RssAnon, and VmRSS with the journal files
+  it maps);
+- `cpu_s`: the daemon's and its children's CPU seconds over the run.
+
+`python -m bench.scale_worker child SPEC.json` runs the native reader child alone as the daemon
+starts it (following from the journal's head, the units' filter on) until it answers a sync
+request asked at its start: `caught_up_s` and its `cpu_s`, output read and thrown away.
+
+SPEC: {"journal": DIR, "units": [...], "expect": N, "reader": "auto"|"journalctl",
+"timeout_s": S}. With PYTHONPATH naming another checkout's package, that checkout is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+async def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the daemon on the spec's journal until its crashes are decided and it caught up."""
+    from vllm_supervisor import app
+    from vllm_supervisor.config import (
+        Config,
+        JournalConfig,
+        MetricsConfig,
+        StateConfig,
+        SystemdConfig,
+        UnitConfig,
+    )
+    from vllm_supervisor.daemon import Daemon
+    from vllm_supervisor.model import Outcome
+
+    decisions: list[tuple[float, str | None]] = []
+    decided_all = asyncio.Event()
+    if spec["expect"] <= 0:
+        decided_all.set()
+    built: list[Daemon] = []
+    was_built = asyncio.Event()
+    init, commit = Daemon.__init__, Daemon._commit
+
+    # The harness times the real daemon from outside: the class is patched in this process only.
+    def noting_init(self: Daemon, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+        was_built.set()
+
+    async def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
+        await commit(self, outcomes, force=force)
+        now = time.monotonic()
+        decisions.extend((now, o.invocation.unit) for o in outcomes if o.invocation.failed)
+        if len(decisions) >= spec["expect"]:
+            decided_all.set()
+
+    Daemon.__init__ = noting_init  # type: ignore[method-assign]
+    Daemon._commit = committing  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-scale-") as tmp:
+        root = Path(tmp)
+        config = Config(
+            units=tuple(UnitConfig(name=unit) for unit in spec["units"]),
+            journal=JournalConfig(
+                directory=Path(spec["journal"]), start_at="head", reader=spec["reader"]
+            ),
+            state=StateConfig(state_dir=root / "state", runtime_dir=root / "run"),
+            metrics=MetricsConfig(enabled=False),
+            systemd=SystemdConfig(enabled=False),
+        )
+        stop = asyncio.Event()
+        cpu0 = _cpu_s()
+        started = time.monotonic()
+        task = asyncio.create_task(app.run_daemon(config, stop, asyncio.Event()))
+        await was_built.wait()
+        daemon = built[0]
+        deadline = started + spec["timeout_s"]
+        caught_up = await _caught_up(daemon, deadline)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(decided_all.wait(), max(0.0, deadline - time.monotonic()))
+        status = _status()
+        process = daemon.reader._process  # its reader child, if one runs
+        child = _status(process.pid) if process is not None else {}
+        restarts = daemon.reader.restarts
+        stop.set()
+        await task
+        cpu = _cpu_s() - cpu0
+    return {
+        "decided": len(decisions),
+        "units_decided": sorted({unit for _, unit in decisions if unit}),
+        "first_s": decisions[0][0] - started if decisions else None,
+        "last_s": decisions[-1][0] - started if decisions else None,
+        "caught_up_s": caught_up - started if caught_up is not None else None,
+        "reader_restarts": restarts,
+        "rss_anon_mb": status.get("RssAnon", 0) / 1024,
+        "rss_mb": status.get("VmRSS", 0) / 1024,
+        "hwm_mb": status.get("VmHWM", 0) / 1024,
+        "child_rss_mb": child.get("VmRSS", 0) / 1024,  # with the journal files it maps
+        "child_anon_mb": child.get("RssAnon", 0) / 1024,
+        "cpu_s": cpu,
+    }
+
+
+async def _caught_up(daemon: Any, deadline: float) -> float | None:
+    """When the reader child answered a sync request (the journal read to its end), or None."""
+    while time.monotonic() < deadline:
+        if daemon.reader.following.is_set() and await daemon.reader.sync(
+            max(0.1, deadline - time.monotonic())
+        ):
+            return time.monotonic()
+        await asyncio.sleep(0.05)  # no child yet (restarting): look again, with a deadline
+    return None
+
+
+def _status(pid: int | str = "self") -> dict[str, int]:
+    """A process's memory from /proc/PID/status, in kB (empty once it is gone)."""
+    fields: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().endswith(" kB"):
+            fields[name] = int(value.split()[0])
+    return fields
+
+
+def _cpu_s() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measure_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The native child alone, following from the head, until it answered sync request 1."""
+    from vllm_supervisor.journal import reader
+
+    settings = reader.ReaderSettings(
+        units=tuple(spec["units"]),
+        directory=Path(spec["journal"]),
+        start_at="head",
+        source="native",
+    )
+    argv = reader.native_argv(settings, None)
+    native_input = getattr(reader, "native_input", None)  # absent before units went to stdin
+    first = native_input(settings) if native_input is not None else b""
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(first + b"1\n")
+    child.stdin.flush()
+    tail = b"\n"  # so that a first row "#1" is found too
+    caught_up = None
+    while chunk := child.stdout.read1(1 << 20):
+        tail = (tail + chunk)[-64:]
+        if b"\n#1\n" in tail:
+            caught_up = time.monotonic() - started
+            break
+    child.kill()
+    child.wait()
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime
+    return {"caught_up_s": caught_up, "cpu_s": cpu}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m bench.scale_worker daemon|child SPEC.json`: one run, one JSON line."""
+    mode, spec = argv[0], json.loads(Path(argv[1]).read_text())
+    result = asyncio.run(measure(spec)) if mode == "daemon" else measure_child(spec)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
