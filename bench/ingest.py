@@ -196,10 +196,11 @@ def _devnull(directory: Path, unit: str, *, fields: bool) -> tuple[int, dict[str
 
 
 def _native_devnull(directory: Path, unit: str) -> tuple[int, dict[str, Any]]:
-    from vllm_supervisor.journal.reader import ReaderSettings, native_argv
+    from vllm_supervisor.journal.reader import ReaderSettings, native_argv, native_input
 
-    argv = native_argv(ReaderSettings(units=(unit,), directory=directory, follow=False), None)
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
+    settings = ReaderSettings(units=(unit,), directory=directory, follow=False)
+    argv = native_argv(settings, None)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, input=native_input(settings), check=True)
     return 0, {}
 
 

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import structlog.testing
 from conftest import poll
 
 from vllm_supervisor.errors import JournalError
@@ -24,6 +25,7 @@ from vllm_supervisor.journal.reader import (
     ReaderSettings,
     journalctl_argv,
     native_argv,
+    native_input,
     read_all,
     reader_argv,
     resolve_source,
@@ -103,6 +105,35 @@ class TestRefusedCursor:
         await reader._after_exit(status, errors)
         assert reader.cursor is None
         assert reader.cursor_rejected
+
+
+class TestFailingChild:
+    """A child that cannot start is restarted with backoff, and said to be failing."""
+
+    async def test_repeated_failures_are_an_error_naming_the_childs_complaint(
+        self, tmp_path: Path, source: str
+    ) -> None:
+        """A journal directory that is a file: after 3 failed starts in a row each further one
+        is logged as an error with the child's own message, counted in `failures`."""
+        not_a_directory = tmp_path / "file"
+        not_a_directory.write_text("")
+        settings = ReaderSettings(
+            directory=not_a_directory, units=(UNIT,), backoff_s=0.01, source=source
+        )
+        reader = JournalctlReader(settings)
+        stop = asyncio.Event()
+        with structlog.testing.capture_logs() as logs:
+            task = asyncio.create_task(_collect(reader, stop, 1, []))
+            try:
+                await poll(lambda: reader.failures >= 4, within=20)
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 10)
+        failing = [e for e in logs if e["event"] == "journal_reader_failing"]
+        assert failing and failing[0]["failures"] == 3
+        assert failing[0]["log_level"] == "error"
+        assert "Not a directory" in failing[0]["error"]
+        assert reader.restarts >= 4
 
 
 class TestRealJournal:
@@ -269,7 +300,8 @@ class TestSourceChoice:
         settings = ReaderSettings(units=(UNIT,), follow=follow, start_at="tail")
         argv = native_argv(settings, cursor)
         assert expected == argv[-len(expected) :]
-        assert f"--unit={UNIT}" in argv
+        assert "--units-from-stdin" in argv
+        assert native_input(settings) == f"{UNIT}\n\n".encode()
 
 
 class TestRotation:

@@ -24,7 +24,13 @@ from hypothesis import strategies as st
 
 from vllm_supervisor.journal import export
 from vllm_supervisor.journal.export import message_text
-from vllm_supervisor.journal.reader import JournalctlReader, ReaderSettings, native_argv, read_all
+from vllm_supervisor.journal.reader import (
+    JournalctlReader,
+    ReaderSettings,
+    native_argv,
+    native_input,
+    read_all,
+)
 from vllm_supervisor.journal.writer import JournalWriter, service_lines
 
 T = TypeVar("T")
@@ -155,7 +161,12 @@ def test_the_child_hands_over_no_more_than_the_data_threshold(journal_dir: Path)
     """A 16 MiB message crosses the pipe cut to the threshold the daemon asked for."""
     _write_flood_between_lines(journal_dir)
     settings = ReaderSettings(directory=journal_dir, units=(UNIT,), follow=False)
-    result = subprocess.run(native_argv(settings, None), capture_output=True, timeout=120)
+    result = subprocess.run(
+        native_argv(settings, None),
+        input=native_input(settings),
+        capture_output=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     threshold = settings.max_line_chars * 4 + 64
     assert threshold < len(result.stdout) < threshold + 4096  # one cut message, three rows

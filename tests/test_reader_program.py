@@ -7,20 +7,26 @@ journal cannot be read, never a crash.
 
 from __future__ import annotations
 
+import select
 import subprocess
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_supervisor.journal.reader import NATIVE_READER, ReaderSettings, native_argv
+from vllm_supervisor.journal.reader import NATIVE_READER, ReaderSettings, native_argv, native_input
 from vllm_supervisor.journal.writer import JournalWriter, service_lines
 
 UNIT = "vllm.service"
 
 
-def run(*args: str, timeout: float = 10.0) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([str(NATIVE_READER), *args], capture_output=True, timeout=timeout)
+def run(
+    *args: str, timeout: float = 10.0, stdin: bytes = b""
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [str(NATIVE_READER), *args], input=stdin, capture_output=True, timeout=timeout
+    )
 
 
 class TestCommandLine:
@@ -49,10 +55,15 @@ class TestCommandLine:
         result = run("--lines", "-xy")
         assert b"unknown or incomplete option: -x" in result.stderr
 
-    def test_too_many_units_is_a_usage_error(self) -> None:
-        result = run(*(f"--unit=u{i}.service" for i in range(65)))
+    def test_a_unit_name_too_long_on_stdin_is_a_usage_error(self, tmp_path: Path) -> None:
+        result = subprocess.run(
+            [str(NATIVE_READER), f"--directory={tmp_path}", "--units-from-stdin"],
+            input=b"vllm.service\n" + b"x" * 5000 + b"\n\n",
+            capture_output=True,
+            timeout=10,
+        )
         assert result.returncode == 2
-        assert b"vllm-supervisor-journal-reader: error: more than 64 --unit: u64" in result.stderr
+        assert b"error: a unit name on stdin is too long: xxxx" in result.stderr
 
     def test_any_data_threshold_the_daemon_may_ask_is_taken(self, tmp_path: Path) -> None:
         """max_line_chars has no upper bound in the config: neither has the threshold."""
@@ -82,7 +93,9 @@ class TestCommandLine:
             writer.write(service_lines("other.service", "b" * 32, ["not ours"], pid=4001))
         settings = ReaderSettings(units=(UNIT,), directory=tmp_path / "journal", follow=False)
         argv = native_argv(settings, None)
-        result = subprocess.run(argv, capture_output=True, timeout=10, check=True)
+        result = subprocess.run(
+            argv, input=native_input(settings), capture_output=True, timeout=10, check=True
+        )
         assert b"first line" in result.stdout
         assert result.stdout.index(b"first line") < result.stdout.index(b"second line")
         assert b"not ours" not in result.stdout
@@ -109,6 +122,7 @@ WORDS = st.sampled_from(
         "--cursor=",
         "--field=MESSAGE",
         "--unit=vllm.service",
+        "--units-from-stdin",
         "--",
         "-",
         "-x",
@@ -128,3 +142,39 @@ def test_no_command_line_crashes_it(words: list[str]) -> None:
     assert result.returncode in (0, 1, 2), (words, result.returncode, result.stderr[-500:])
     if result.returncode == 2:
         assert b"vllm-supervisor-journal-reader: error: " in result.stderr
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    names=st.lists(st.binary(max_size=40), max_size=20),
+    rest=st.binary(max_size=60),
+    follow=st.booleans(),
+)
+def test_no_unit_list_on_stdin_crashes_it(
+    tmp_path_factory: pytest.TempPathFactory, names: list[bytes], rest: bytes, follow: bool
+) -> None:
+    """Any unit names (any bytes, empty, repeated) and anything after the list's end, read once
+    or followed: it runs (exit 0 at the end, or once we close its stdout), never a signal."""
+    empty = tmp_path_factory.mktemp("empty")
+    stdin = b"".join(n.replace(b"\n", b"") + b"\n" for n in names) + b"\n" + rest
+    args = [f"--directory={empty}", "--units-from-stdin", "--lines", "--field=MESSAGE"]
+    if not follow:
+        result = run(*args, stdin=stdin)
+        assert result.returncode == 0, result.stderr[-500:]
+        return
+    child = subprocess.Popen(
+        [str(NATIVE_READER), *args, "--follow", "--start=head"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    # A sync request larger than any number `rest` may hold: its answer says the list was read.
+    child.stdin.write(stdin + b"\n%d\n" % (2**63 - 1))
+    child.stdin.flush()
+    ready, _, _ = select.select([child.stdout], [], [], 10)
+    answer = child.stdout.readline() if ready else b""
+    child.stdout.close()
+    child.stdin.close()
+    assert child.wait(timeout=10) == 0
+    assert answer == b"#%d\n" % (2**63 - 1)

@@ -50,6 +50,9 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 1 << 20
 TERMINATE_TIMEOUT_S = 5.0
+# A child that failed this many times in a row without handing over an entry is not a passing
+# hiccup (a rotation's SIGBUS): it is logged as an error, with its last complaint, each time.
+FAILING_AFTER = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,8 +119,9 @@ def _refuses_cursor(line: str) -> bool:
 def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = False) -> list[str]:
     """The libsystemd child's command line: the same start points as `journalctl_argv`.
 
-    Units are matched as journalctl --unit matches them when reading once, and on the entries'
-    unit fields when following (as `_about` does), for the reason `_about` gives.
+    The units go to the child's stdin (`native_input`), not here: any number of them. They are
+    matched through the journal's field index when reading once and while catching up, then on
+    each entry's unit fields when following (as `_about` does), for the reason `_about` gives.
     """
     argv = [os.fspath(NATIVE_READER), "--lines"]
     argv += [f"--field={name.decode()}" for name in OUTPUT_FIELDS]
@@ -127,8 +131,8 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     if settings.directory is not None:
         argv.append(f"--directory={settings.directory}")
     argv += [f"--file={path}" for path in settings.files]
-    if not last:
-        argv += [f"--unit={unit}" for unit in settings.units]
+    if not last and settings.units:
+        argv.append("--units-from-stdin")
     if last:
         return [*argv, "--start=last"]
     if settings.follow:
@@ -136,6 +140,14 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
     if cursor is not None:
         return [*argv, f"--cursor={cursor}"]
     return [*argv, f"--start={settings.start_at if settings.follow else 'head'}"]
+
+
+def native_input(settings: ReaderSettings, *, last: bool = False) -> bytes:
+    """What the libsystemd child reads first on its stdin: the units, one a line, and an empty
+    line (its sync requests follow). Nothing when `native_argv` gave no --units-from-stdin."""
+    if last or not settings.units:
+        return b""
+    return b"".join(unit.encode() + b"\n" for unit in settings.units) + b"\n"
 
 
 def journalctl_argv(settings: ReaderSettings, cursor: str | None) -> list[str]:
@@ -190,6 +202,8 @@ class JournalctlReader:
         self._inclusive = inclusive
         self.following = asyncio.Event()  # set while a journalctl child runs
         self.restarts = 0
+        self.failures = 0  # restarts in a row without an entry handed over
+        self.last_error: str | None = None  # the last failed child's complaint
         self.cursor_rejected = False  # journalctl refused the saved cursor at least once
         self._argv: list[str] = []
         self._on_restart = on_restart or (lambda reason: None)
@@ -209,12 +223,12 @@ class JournalctlReader:
         retry = Backoff(
             self.settings.backoff_s, max(self.settings.backoff_s, self.settings.backoff_max_s)
         )
-        failures = 0  # restarts since the last batch
+        self.failures = 0
         while not stop.is_set():
             received = 0
             async for batch in self._run_once(stop):
                 received += len(batch)
-                failures = 0
+                self.failures = 0
                 yield batch
             if stop.is_set() or not self.settings.follow:
                 return
@@ -227,9 +241,17 @@ class JournalctlReader:
             self.restarts += 1
             reason = "exited" if received or self.cursor is None else "no_output"
             self._on_restart(reason)
-            failures += 1
-            backoff = retry.delay(failures)
-            log.warning("journal_reader_restarting", reason=reason, backoff_s=backoff)
+            self.failures += 1
+            backoff = retry.delay(self.failures)
+            if self.failures >= FAILING_AFTER:
+                log.error(
+                    "journal_reader_failing",
+                    failures=self.failures,
+                    error=self.last_error or reason,
+                    action=f"restarting it in {backoff:g} s; nothing is read or decided meanwhile",
+                )
+            else:
+                log.warning("journal_reader_restarting", reason=reason, backoff_s=backoff)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
 
@@ -250,6 +272,10 @@ class JournalctlReader:
             )
         except OSError as exc:
             raise JournalError(f"cannot run {argv[0]!r}: {exc.strerror}") from exc
+        if self.can_sync and process.stdin is not None:
+            # Buffered by the transport and written as the child reads, however long.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, RuntimeError):
+                process.stdin.write(native_input(self.settings))
         self._process = process
         self.following.set()
         self._on_following(True)
@@ -355,6 +381,7 @@ class JournalctlReader:
         if returncode in (0, None, -signal.SIGTERM):
             return
         message = "; ".join(errors[-3:]) or f"exit status {returncode}"
+        self.last_error = message
         log.warning("journalctl_failed", returncode=returncode, error=message, argv=self._argv)
         if self.cursor is not None and any(_refuses_cursor(line) for line in errors):
             # A cursor of another journal (or a corrupt one) is refused by journalctl outright;
