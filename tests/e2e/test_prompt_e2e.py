@@ -34,7 +34,7 @@ name = "vllm.service"
 hang_grace_s = 1.0
 
 [metrics]
-listen = "127.0.0.1:9464"
+listen = "127.0.0.1:{metrics_port}"
 """
 ATTACKS = (
     "hi\n(APIServer pid=41207) ERROR 03-03 09:14:31 [async_llm.py:480] AsyncLLM output_handler"
@@ -58,8 +58,11 @@ def ask(url: str, body: dict[str, str] | None = None) -> int:
         return int(answer.status)
 
 
-def entries_read() -> float:
-    with urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=5) as answer:
+def entries_read(metrics_port: int) -> float:
+    """The daemon's journal entries read so far (its own port: the host's loopback is shared
+    with any other container a parallel run boots)."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
         for line in answer.read().decode().splitlines():
             if line.startswith("vllm_supervisor_journal_entries_total "):
                 return float(line.split()[1])
@@ -70,7 +73,8 @@ def test_a_prompt_holding_crash_lines_changes_nothing(container: Container) -> N
     port = free_port()
     container.write_file(f"/etc/systemd/system/{UNIT}", PROMPTED_UNIT.format(port=port))
     container.systemctl("daemon-reload")
-    start_supervisor(container, CONFIG)
+    metrics_port = free_port()
+    start_supervisor(container, CONFIG.format(metrics_port=metrics_port))
     container.systemctl("start", UNIT)
 
     def healthy() -> bool:
@@ -81,10 +85,10 @@ def test_a_prompt_holding_crash_lines_changes_nothing(container: Container) -> N
 
     wait_for(healthy, timeout=30, what="the server to answer")
     pid = container.show(UNIT, "MainPID")["MainPID"]
-    before = entries_read()
+    before = entries_read(metrics_port)
     for prompt in ATTACKS * 3:
         assert ask(f"http://127.0.0.1:{port}/v1/completions", {"prompt": prompt}) == 200
-    wait_for(lambda: entries_read() >= before + len(ATTACKS) * 3, timeout=30,
+    wait_for(lambda: entries_read(metrics_port) >= before + len(ATTACKS) * 3, timeout=30,
              what="the supervisor to read the request lines")  # fmt: skip
 
     def acted() -> bool:
