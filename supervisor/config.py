@@ -98,6 +98,9 @@ class TrackerConfig:
     head_lines: int = 200  # the first lines of an invocation, always kept
     tail_lines: int = 400  # the last lines before it ended, always kept
     max_error_lines: int = 2000  # error-level lines and tracebacks kept in between
+    # ... and all of them together (head 1/8, tail 3/8, error lines 1/2 of it): long lines then
+    # keep fewer, so an invocation's memory is bounded in bytes, not only in lines.
+    max_invocation_bytes: int = 1 << 20
     max_line_chars: int = 16384  # a longer line is cut to this many characters
     max_open_invocations: int = 16  # per unit and host; the oldest open one is closed past this
     settle_s: float = 0.3  # after a unit ends, how long its late stdout lines are still awaited
@@ -328,6 +331,7 @@ def validate(config: Config) -> Config:
         "head_lines",
         "tail_lines",
         "max_error_lines",
+        "max_invocation_bytes",
         "max_line_chars",
         "max_open_invocations",
         "ratelimit_interval_s",

@@ -21,12 +21,16 @@ the wait to `settle_after_start_s`.
 Memory is bounded whatever the invocation's length: the first lines, the last lines and the
 *latest* lines that look like errors or tracebacks, per process, are kept; everything else is
 only counted (`dropped_lines`), so the traceback printed at the end always survives a long run.
+Each of the three is bounded in lines and in bytes (`max_invocation_bytes`: head 1/8, tail 3/8,
+error lines 1/2), so long lines keep fewer of them and an open invocation's memory is bounded
+whatever its lines' length.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import sys
 import time
 from bisect import bisect_right
 from collections import OrderedDict, deque
@@ -95,6 +99,11 @@ _KILL_TO_END_US = 60_000_000
 _Row = tuple[int, str, int | None, int | None, int]  # seq, text, pid, priority, realtime_us
 Key = tuple[str, str | None]  # (machine id or "", unit)
 
+# What a kept line costs besides its text (CPython 3.11): its row's tuple and the ints in it,
+# and its slot in a list or deque.
+ROW_BYTES = 176
+_NO_BYTE_LIMIT = 1 << 62
+
 _PIDS_REMEMBERED = 64  # per invocation: which processes' id-less lines belong to it
 _CLOSED_REMEMBERED = 256  # per unit and host: ids already returned, whose late entries drop
 _MAX_PROCESSES = 64  # per invocation: processes whose error lines are kept apart
@@ -116,33 +125,55 @@ class SuppressionNotice:
     realtime_us: int
 
 
+def line_cost(text: str) -> int:
+    """The bytes a kept line holds: its text as the interpreter stores it (1, 2 or 4 bytes a
+    character: a cut line's "…" makes it 2) and its row."""
+    return sys.getsizeof(text) + ROW_BYTES
+
+
 @dataclass(slots=True)
 class _Kept:
-    """The latest lines worth keeping of each process, within a total bound (a ring, not the
-    first N): the traceback at the end of a long run survives the request errors before it."""
+    """The latest lines worth keeping of each process, within a total bound in lines and in
+    bytes (a ring, not the first N): the traceback at the end of a long run survives the
+    request errors before it."""
 
     limit: int
+    byte_limit: int = _NO_BYTE_LIMIT
     count: int = 0
+    size: int = 0  # bytes, as line_cost counts them
     by_pid: OrderedDict[int | None, deque[_Row]] = field(default_factory=OrderedDict)
+    size_by_pid: dict[int | None, int] = field(default_factory=dict)
 
     def add(self, row: _Row) -> None:
         pid = row[2]
+        cost = line_cost(row[1])
         rows = self.by_pid.get(pid)
         if rows is None:
             if len(self.by_pid) >= _MAX_PROCESSES:
-                _, gone = self.by_pid.popitem(last=False)  # the process quiet the longest
+                quiet, gone = self.by_pid.popitem(last=False)  # the process quiet the longest
                 self.count -= len(gone)
+                self.size -= self.size_by_pid.pop(quiet)
             rows = self.by_pid[pid] = deque()
+            self.size_by_pid[pid] = 0
         else:
             self.by_pid.move_to_end(pid)
         rows.append(row)
         self.count += 1
+        self.size += cost
+        self.size_by_pid[pid] += cost
+        # Take the oldest line of the process that holds the most (lines, or bytes): one chatty
+        # process cannot push another's final traceback out.
         if self.count > self.limit:
-            # Take the oldest line of the process that holds the most: one chatty process
-            # cannot push another's final traceback out.
-            largest = max(self.by_pid.values(), key=len)
-            largest.popleft()
-            self.count -= 1
+            self._drop_oldest(max(self.by_pid, key=lambda p: len(self.by_pid[p])))
+        while self.size > self.byte_limit:
+            self._drop_oldest(max(self.size_by_pid, key=self.size_by_pid.__getitem__))
+
+    def _drop_oldest(self, pid: int | None) -> None:
+        row = self.by_pid[pid].popleft()
+        cost = line_cost(row[1])
+        self.count -= 1
+        self.size -= cost
+        self.size_by_pid[pid] -= cost
 
     def rows(self) -> Iterator[_Row]:
         for rows in self.by_pid.values():
@@ -165,6 +196,11 @@ class _Builder:
     head: list[_Row] = field(default_factory=list)
     tail: deque[_Row] = field(default_factory=deque)
     kept: _Kept = field(default_factory=lambda: _Kept(limit=2000))
+    head_budget: int = _NO_BYTE_LIMIT  # bytes (as line_cost counts them) of the head, the tail
+    tail_budget: int = _NO_BYTE_LIMIT
+    head_bytes: int = 0
+    tail_bytes: int = 0
+    head_open: bool = True  # until a line does not fit: the head is the first lines, unbroken
     total: int = 0
     suppressed: int = 0
     exit_code: str | None = None
@@ -208,12 +244,25 @@ class _Builder:
             self.pids.add(pid)
         if self.served_us is None and is_serving_line(entry.message):
             self.served_us = entry.realtime_us
-        if len(self.head) < self.caps.head_lines:
-            self.head.append(row)
-            return
-        self.tail.append(row)
-        if len(self.tail) > self.caps.tail_lines:
-            self._keep_if_important(self.tail.popleft())
+        cost = line_cost(entry.message)
+        if self.head_open:
+            if len(self.head) < self.caps.head_lines and self.head_bytes + cost <= self.head_budget:
+                self.head.append(row)
+                self.head_bytes += cost
+                return
+            self.head_open = False
+        tail = self.tail
+        tail.append(row)
+        self.tail_bytes += cost
+        if len(tail) > self.caps.tail_lines:
+            self._leave_tail()
+        while self.tail_bytes > self.tail_budget and len(tail) > 1:
+            self._leave_tail()
+
+    def _leave_tail(self) -> None:
+        row = self.tail.popleft()
+        self.tail_bytes -= line_cost(row[1])
+        self._keep_if_important(row)
 
     def _keep_if_important(self, row: _Row) -> None:
         """Decide, as a line leaves the tail window, whether it stays."""
@@ -687,7 +736,9 @@ class InvocationTracker:
             first_cursor=entry.cursor,
             started_us=entry.realtime_us,
             restarts=track.restarts,
-            kept=_Kept(limit=caps.max_error_lines),
+            kept=_Kept(limit=caps.max_error_lines, byte_limit=caps.max_invocation_bytes // 2),
+            head_budget=caps.max_invocation_bytes // 8,
+            tail_budget=caps.max_invocation_bytes * 3 // 8,
         )
         builder.touch(entry)
         track.running[entry.invocation_id] = builder
