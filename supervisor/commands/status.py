@@ -13,9 +13,11 @@ is not running or not healthy (and nothing is halted).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ import httpx
 from ..actions.quarantine import quarantine_records
 from ..actions.systemd import SystemdClient, ask_once
 from ..app import LOCK_NAME
-from ..config import Config, parse_listen
+from ..config import SUPERVISOR_UNIT, Config, parse_listen
 from ..environment.ports import PROC, Holder, holders
 from ..errors import SupervisorError, SystemdError
 from ..model import UnitState
@@ -44,6 +46,8 @@ SYSTEMD_TIMEOUT_S = 2.0
 NO_SUCH_UNIT = "no such unit"  # systemd's LoadState=not-found
 UnitStates = Callable[[Sequence[str]], dict[str, UnitState | str]]
 Health = Callable[[str], tuple[bool, dict[str, Any]] | str]
+ReaderRestarts = Callable[[str], int | None]
+READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +78,7 @@ class DaemonStatus:
     health: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     squatter: str | None = None  # who else holds the metrics port: /healthz not trusted
+    reader_restarts: int | None = None  # of its journal reader child, from /metrics
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,8 +230,11 @@ def systemd_states(units: Sequence[str]) -> dict[str, UnitState | str]:
         return dict.fromkeys(units, f"systemd not reachable: {exc}")
 
 
-def daemon_status(config: Config, health: Health) -> DaemonStatus:
-    """Whether a daemon holds this state directory's lock, and what its /healthz says."""
+def daemon_status(
+    config: Config, health: Health, reader_restarts: ReaderRestarts | None = None
+) -> DaemonStatus:
+    """Whether a daemon holds this state directory's lock, what its /healthz says, and how
+    often its journal reader was restarted (/metrics)."""
     running, pid, error = _lock_holder(config.state.state_dir / LOCK_NAME)
     if not running:
         return DaemonStatus(running=running, pid=pid, error=error)
@@ -240,7 +248,10 @@ def daemon_status(config: Config, health: Health) -> DaemonStatus:
     if isinstance(answer, str):
         return DaemonStatus(running=True, pid=pid, error=answer)
     healthy, details = answer
-    return DaemonStatus(running=True, pid=pid, healthy=healthy, health=details)
+    restarts = (reader_restarts or ask_reader_restarts)(f"http://{_url_host(host)}:{port}/metrics")
+    return DaemonStatus(
+        running=True, pid=pid, healthy=healthy, health=details, reader_restarts=restarts
+    )
 
 
 def metrics_squatter(port: int, pid: int | None, proc: Path = PROC) -> str | None:
@@ -314,6 +325,28 @@ def ask_health(url: str) -> tuple[bool, dict[str, Any]] | str:
     if not isinstance(body, dict):
         return f"{url}: not a JSON object"
     return response.status_code == 200, body
+
+
+def ask_reader_restarts(url: str) -> int | None:
+    """The journal reader's restarts from the daemon's /metrics, or None without an answer."""
+    try:
+        with httpx.Client(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
+            return reader_restarts_in(client.get(url).text)
+    except httpx.HTTPError:
+        return None
+
+
+def reader_restarts_in(exposition: str) -> int:
+    """The sum of the reader restart counter's series (every reason) in Prometheus text."""
+    total = 0.0
+    for line in exposition.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] != READER_RESTARTS:
+            continue
+        with contextlib.suppress(ValueError):
+            value = float(line.rsplit(" ", 1)[-1])
+            if math.isfinite(value) and value > 0:
+                total += value
+    return int(min(total, 2**62))
 
 
 def render_text(status: Status) -> str:
@@ -390,6 +423,12 @@ def _render_daemon(daemon: DaemonStatus) -> list[str]:
     reasons = details.get("reasons")
     for reason in reasons if isinstance(reasons, list) else []:
         lines.append(f"    problem:   {reason}")
+    if daemon.reader_restarts and details.get("following") is False:
+        lines.append(
+            f"    problem:   the journal reader keeps failing: restarted {daemon.reader_restarts}"
+            f" times ({READER_RESTARTS}); nothing is read or decided; its error: journalctl -u"
+            f" {SUPERVISOR_UNIT} -g journal_reader_failing"
+        )
     if daemon.error:
         lines.append(f"    note:      {daemon.error}")
     return lines
