@@ -30,7 +30,10 @@ class Built:
 
 
 def run(
-    *argv: str | Path, timeout: float = 300, env: dict[str, str] | None = None
+    *argv: str | Path,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `argv`; fail with the tail of its output unless it exits 0."""
     done = subprocess.run(
@@ -40,6 +43,7 @@ def run(
         timeout=timeout,
         check=False,
         env=env,
+        cwd=cwd,
     )
     assert done.returncode == 0, f"{argv} exited {done.returncode}: {done.stderr[-3000:]}"
     return done
@@ -60,13 +64,22 @@ def tracked_copy(dest: Path) -> Path:
     return dest
 
 
+def has_build_module() -> bool:
+    """Is PyPA's `build` installed? (A checkout's ignored build/ directory is a namespace
+    package of that name too: look for its __main__.)"""
+    try:
+        return importlib.util.find_spec("build.__main__") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def build(workdir: Path, *, without_libsystemd: bool = False) -> Built:
     """Build the sdist and, from it, the wheel, under `workdir`.
 
     `without_libsystemd`: as on a machine without libsystemd's headers (the reader program
     is not built; the rows' parser, which needs no libsystemd, still is).
     """
-    assert importlib.util.find_spec("build") is not None, (
+    assert has_build_module(), (
         f"{sys.executable} has no `build` module: run ./scripts/install-deps, then"
         " ./scripts/test (its .venv has `.[dev]`)"
     )
@@ -78,7 +91,8 @@ def build(workdir: Path, *, without_libsystemd: bool = False) -> Built:
         (headers / "systemd").mkdir(parents=True)
         (headers / "systemd" / "sd-journal.h").write_text(NO_LIBSYSTEMD_HEADER)
         env["CPATH"] = str(headers)  # searched before the system's include directories
-    run(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, source, env=env)
+    build_argv = (sys.executable, "-m", "build", "--no-isolation", "--outdir", out, source)
+    run(*build_argv, env=env, cwd=workdir)  # not the checkout: its build/ is no `build` module
     [sdist] = out.glob("*.tar.gz")
     [wheel] = out.glob("*.whl")
     return Built(sdist=sdist, wheel=wheel)
