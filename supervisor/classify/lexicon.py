@@ -36,6 +36,7 @@ from typing import Any
 import re2
 
 from ..errors import ConfigError
+from ..util.files import data_path
 from .signatures import compile_pattern
 
 
@@ -294,16 +295,7 @@ def _module(path: str) -> str:
 # -- loading and validation ---------------------------------------------------------------------
 
 
-def _default_path() -> Path:
-    """The installed package's data file, else the repository's config file."""
-    package = Path(__file__).resolve().parent.parent
-    packaged = package / "data" / "lexicon.toml"
-    if packaged.is_file():
-        return packaged
-    return package.parent / "config" / "lexicon.toml"
-
-
-DEFAULT_LEXICON_PATH: Path = _default_path()
+DEFAULT_LEXICON_PATH: Path = data_path("lexicon.toml")
 
 
 class _Where:

@@ -26,6 +26,7 @@ import re2
 
 from ..errors import SignatureTableError
 from ..model import Severity
+from ..util.files import data_path
 from .schema import SignatureSpec, parse_table_file
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
@@ -42,13 +43,7 @@ RE2_DEFAULT_MAX_MEM = 8 << 20
 def _default_signature_dir() -> Path:
     """The env override, the installed package's data dir, or the repository's config dir."""
     env = os.environ.get(ENV_SIGNATURE_DIR)
-    if env:
-        return Path(env)
-    package = Path(__file__).resolve().parent.parent
-    packaged = package / "data" / "signatures"
-    if packaged.is_dir():
-        return packaged
-    return package.parent / "config" / "signatures"
+    return Path(env) if env else data_path("signatures")
 
 
 DEFAULT_SIGNATURE_DIR: Path = _default_signature_dir()

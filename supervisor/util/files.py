@@ -59,3 +59,11 @@ def private_file(path: Path, mode: int = FILE_MODE) -> None:
         return
     os.fchmod(fd, mode)  # O_CREAT applies the umask; fchmod does not
     os.close(fd)
+
+
+def data_path(name: str) -> Path:
+    """The installed package's `data/NAME`, else the repository's `config/NAME` (a checkout
+    run without installing: the package's data links point there)."""
+    package = Path(__file__).resolve().parent.parent
+    packaged = package / "data" / name
+    return packaged if packaged.exists() else package.parent / "config" / name
