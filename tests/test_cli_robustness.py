@@ -45,6 +45,7 @@ from vllm_supervisor.config import Config
 from vllm_supervisor.store import Checkpoint, Store
 
 UNIT = "vllm.service"
+SHIPPED_SIGNATURES = Path(cli.__file__).parent / "data" / "signatures"
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07"
 CRASH = f"RuntimeError: CUDA error: an illegal memory access {ESCAPES}was encountered"
 NOBODY = 65534
@@ -214,7 +215,13 @@ def open_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         pytest.skip("needs root to drop to nobody")
     root = Path(tempfile.mkdtemp(prefix="vllm-supervisor-test-"))
     root.chmod(0o755)
-    monkeypatch.setenv("VLLM_SUPERVISOR_CONFIG", str(write_config(root)))
+    config = write_config(root)
+    # The shipped signature table, where `nobody` can read it: the checkout may not be (a
+    # clone in /root, mode 0700).
+    shutil.copytree(SHIPPED_SIGNATURES, root / "signatures")
+    with config.open("a", encoding="utf-8") as text:
+        text.write(f"[signatures]\npaths = [{json.dumps(str(root / 'signatures'))}]\n")
+    monkeypatch.setenv("VLLM_SUPERVISOR_CONFIG", str(config))
     yield root
     shutil.rmtree(root)
 
