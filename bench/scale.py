@@ -15,6 +15,7 @@ Sections (journals from `bench.scale_journals`, written once through journal-rem
   when it caught up. Ratios are against journalctl in the same run (medians of the ratios).
 - `lines`: 8 units each logging 2,700 error lines of 100 B to 64 KiB, runs still open: the
   daemon's anonymous memory and peak once everything is read.
+- `tracker`: the tracker alone, CPU microseconds per line fed, for the same line sizes.
 
 Each measurement runs in a fresh interpreter (`bench.scale_worker`), interleaved over the runs
 (A B C A B C ...). `--code PATH` measures the checkout at PATH instead (its `supervisor/`
@@ -47,7 +48,10 @@ from bench.scale_journals import (
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-SECTIONS = ("units", "backlog", "lines")
+SECTIONS = ("units", "backlog", "lines", "tracker")
+TRACKER_LINES = 500_000
+TRACKER_BYTES = 256 << 20  # lines of one tracker run: this much text, 500k to 16k lines
+TRACKER_LINES_MIN = 16_000  # 2,000 a unit: well past its head and tail
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -249,6 +253,40 @@ def section_lines(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
     }
 
 
+def section_tracker(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
+    """CPU per line of the tracker alone, for each line size (what keeping lines costs)."""
+    sizes = _ints(args.line_sizes)
+    most = 50_000 if args.quick else TRACKER_LINES
+    none = ScaleJournal(directory=Path("/nonexistent"), entries=0, units=(), crashes=0,
+                        bytes_on_disk=0)  # fmt: skip
+    raw: dict[int, list[dict[str, Any]]] = {size: [] for size in sizes}
+    for run in range(args.runs):
+        for size in sizes:
+            count = _tracker_lines(most, size)
+            result = worker.run("tracker", none, lines=count, size=size)
+            raw[size].append(result)
+            print(
+                f"  tracker run {run + 1}/{args.runs} {size:>6} B: "
+                f"{result['us_per_line']:.2f} us/line",
+                flush=True,
+            )
+    return {
+        "rows": {
+            str(size): {
+                "line_bytes": size,
+                "lines": _tracker_lines(most, size),
+                "us_per_line": median([r["us_per_line"] for r in raw[size]]),
+                "runs": raw[size],
+            }
+            for size in sizes
+        },
+    }
+
+
+def _tracker_lines(most: int, size: int) -> int:
+    return min(most, max(TRACKER_LINES_MIN, TRACKER_BYTES // size))
+
+
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -289,7 +327,8 @@ def tables(result: dict[str, Any]) -> str:
             decided = "-" if mode in ("journalctl_u", "child") else str(row["decided"])
             out.append(
                 f"| {labels[mode]} | {_fmt(row['wall_s'])} | {_fmt(row['cpu_s'])} "
-                f"| {_fmt(row['vs_journalctl_u'])}x | {_fmt(row['first_decision_s'])} "
+                f"| {_fmt(row['vs_journalctl_u'])}{'x' if row['vs_journalctl_u'] else ''} "
+                f"| {_fmt(row['first_decision_s'])} "
                 f"| {_fmt(row['last_decision_s'])} | {decided} |"
             )
         out.append("")
@@ -304,13 +343,29 @@ def tables(result: dict[str, Any]) -> str:
                 f"| {row['line_bytes']:,} B | {_fmt(row['rss_anon_mb'], '.1f')} "
                 f"| {_fmt(row['hwm_mb'], '.1f')} |"
             )
+    tracker = result.get("tracker")
+    if tracker:
+        out += [
+            "",
+            "| tracker alone, lines over 8 units | lines fed | CPU us / line |",
+            "|---:|---:|---:|",
+        ]
+        for row in tracker["rows"].values():
+            out.append(
+                f"| {row['line_bytes']:,} B | {row['lines']:,} | {_fmt(row['us_per_line'])} |"
+            )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     worker = Worker(args.code, args.timeout)
-    sections = {"units": section_units, "backlog": section_backlog, "lines": section_lines}
+    sections = {
+        "units": section_units,
+        "backlog": section_backlog,
+        "lines": section_lines,
+        "tracker": section_tracker,
+    }
     result: dict[str, Any] = {
         "label": args.label,
         "code": str(args.code or REPO),

@@ -16,8 +16,12 @@ request (the whole journal read and handed over), then prints one JSON object:
 starts it (following from the journal's head, the units' filter on) until it answers a sync
 request asked at its start: `caught_up_s` and its `cpu_s`, output read and thrown away.
 
+`python -m bench.scale_worker tracker SPEC.json`: the tracker alone, CPU microseconds per line
+fed (`us_per_line`) for `lines` lines of `size` bytes over 8 units.
+
 SPEC: {"journal": DIR, "units": [...], "expect": N, "reader": "auto"|"journalctl",
-"timeout_s": S}. With PYTHONPATH naming another checkout's package, that checkout is measured.
+"timeout_s": S, "lines": N, "size": B}. With PYTHONPATH naming another checkout's package, that
+checkout is measured.
 """
 
 from __future__ import annotations
@@ -179,10 +183,48 @@ def measure_child(spec: dict[str, Any]) -> dict[str, Any]:
     return {"caught_up_s": caught_up, "cpu_s": cpu}
 
 
+def measure_tracker(spec: dict[str, Any]) -> dict[str, Any]:
+    """CPU per line through `InvocationTracker.feed`: `lines` lines of `size` bytes (every 20th
+    an error line) spread over 8 units' open runs, the entries built before the clock starts.
+    Each unit gets far more lines than its head and tail hold, as in a long run."""
+    from vllm_supervisor.model import JournalEntry
+    from vllm_supervisor.track.tracker import InvocationTracker
+
+    size, count = spec["size"], spec["lines"]
+    # Messages come from a pool of 2,000 (the text of 16,000 lines of 64 KiB would not fit).
+    pool = [
+        (f"{'ERROR' if n % 20 == 0 else 'INFO'} request {n}: " + "x" * size)[:size]
+        for n in range(min(count, 2000))
+    ]
+    entries = [
+        JournalEntry(
+            cursor=f"c{n}",
+            realtime_us=1_700_000_000_000_000 + n,
+            message=pool[n % len(pool)],
+            unit=f"serve-{n % 8}.service",
+            invocation_id=f"{n % 8:032x}",
+            pid=3000 + n % 8,
+            priority=6,
+        )
+        for n in range(count)
+    ]
+    tracker = InvocationTracker()
+    started = time.process_time()
+    for entry in entries:
+        tracker.feed(entry)
+    cpu = time.process_time() - started
+    return {"us_per_line": cpu / count * 1e6, "cpu_s": cpu}
+
+
 def main(argv: list[str]) -> int:
-    """`python -m bench.scale_worker daemon|child SPEC.json`: one run, one JSON line."""
+    """`python -m bench.scale_worker daemon|child|tracker SPEC.json`: one run, one JSON line."""
     mode, spec = argv[0], json.loads(Path(argv[1]).read_text())
-    result = asyncio.run(measure(spec)) if mode == "daemon" else measure_child(spec)
+    if mode == "daemon":
+        result = asyncio.run(measure(spec))
+    elif mode == "child":
+        result = measure_child(spec)
+    else:
+        result = measure_tracker(spec)
     print(json.dumps(result), flush=True)
     return 0
 

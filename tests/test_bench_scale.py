@@ -1,0 +1,37 @@
+"""`python -m bench.scale --quick` runs every section end to end and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_run_measures_every_section(tmp_path: Path) -> None:
+    """Every configured crash is decided, no reader restarts, and each figure is positive."""
+    label = f"smoke-{tmp_path.name}"
+    subprocess.run(
+        [sys.executable, "-m", "bench.scale", "--quick", "--cache", str(tmp_path / "cache"),
+         "--label", label],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )  # fmt: skip
+    out = REPO / "bench" / "results" / f"scale-{label}.json"
+    try:
+        result = json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+    for row in result["units"]["rows"].values():
+        assert row["decided"] == row["crashes"] > 0
+        assert row["reader_restarts"] == 0
+        assert row["rss_anon_mb"] > 0
+    backlog = result["backlog"]["rows"]
+    assert backlog["daemon"]["decided"] == result["backlog"]["crashes"]
+    assert backlog["journalctl_u"]["wall_s"] > 0 and backlog["child"]["wall_s"] > 0
+    assert all(row["rss_anon_mb"] > 0 for row in result["lines"]["rows"].values())
+    assert all(row["us_per_line"] > 0 for row in result["tracker"]["rows"].values())
