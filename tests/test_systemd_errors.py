@@ -364,4 +364,4 @@ def test_the_error_tree_in_errors_py_is_the_code() -> None:
         if depth:
             assert classes[name].__bases__[0] is classes[parents[depth - 1]], line
         drawn += 1
-    assert drawn == 10
+    assert drawn == 11

@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..engines.profiles import Engines, follow
+
 # The search path systemd uses for a bare ExecStart= name, and the PATH it gives a service
 # unless the unit sets Environment=PATH (systemd.exec(5), "Environment variables").
 SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -132,19 +134,24 @@ def _shebang_interpreter(script: Path, search_path: str) -> Path | None:
     return _locate(program, search_path)
 
 
-# The port each engine's server listens on when its command line names none.
-_DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...] = (
-    (("vllm", "serve"), 8000),
-    (("vllm.entrypoints.openai.api_server",), 8000),
-    (("vllm.entrypoints.api_server",), 8000),
-    (("sglang.launch_server",), 30000),
-    (("text-generation-launcher",), 3000),
-)
+# The port each engine's server listens on when its command line names none: the engine files'
+# default_port, for the argv words of their commands.
+_DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The default ports of the engine files in force (profiles.follow)."""
+    global _DEFAULT_PORTS
+    _DEFAULT_PORTS = engines.default_ports
+
+
+follow(_use_engines)
 
 
 def serving_port(argv: Sequence[str]) -> int | None:
     """The TCP port a server's ExecStart= makes it listen on: its `--port`, else the engine's
-    default (vLLM 8000, SGLang 30000, TGI 3000); None when neither is known."""
+    default (an engine file's default_port: vLLM 8000, SGLang 30000, TGI 3000); None when
+    neither is known."""
     try:
         words = _command(list(argv))
     except ValueError:  # an unbalanced quote in a shell's script or `env -S`: as they are
