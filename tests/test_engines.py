@@ -173,7 +173,7 @@ BROKEN = [
     ('name = "x"\n[[serving]]\npattern = "a"\nhints = ["a"]\nhint = "a"', "serving[0].hint:"),
     (
         'name = "x"\n[[prefix]]\nposition = "inner"\nstarts = "digit"\npattern = "1 "',
-        "prefix[0].starts: an inner prefix starts with one of level, bracket, paren",
+        "prefix[0].starts: an inner prefix starts with one of level, bracket, paren, dash, pipe",
     ),
     (
         'name = "x"\n[[prefix]]\nposition = "outer"\nstarts = "digit"\npattern = "(?P<x>1) "',

@@ -92,11 +92,11 @@ _FAMILIES = {
     ("inner", "bracket"): (_C10D, _RANK),
     # A process tag can follow a logger's prefix too (Ray's actor tag inside a vLLM line).
     ("inner", "paren"): (_PROC,),
+    ("inner", "dash"): (_PYLOG,),
+    ("inner", "pipe"): (_PIPE,),
 }
 _COMPOSE_RX = re.compile(_COMPOSE)
-_PYLOG_RX = re.compile(_PYLOG)
 _NCCL_RX = re.compile(_NCCL)
-_PIPE_RX = re.compile(_PIPE)
 _PYWARN_RX = re.compile(_PYWARN)
 
 
@@ -129,13 +129,15 @@ _OUTER_ALPHA: re.Pattern[str]
 _INNER_LEVEL: re.Pattern[str]
 _INNER_BRACKET: re.Pattern[str]
 _INNER_PAREN: re.Pattern[str]
+_INNER_DASH: re.Pattern[str]
+_INNER_PIPE: re.Pattern[str]
 _ENGINE_PREFIXES: Mapping[str | None, _EnginePrefix] = {}
 
 
 def _use_engines(engines: Engines) -> None:
     """Compile each family with the engine files' prefixes of its place in front."""
     global _OUTER_PAREN, _OUTER_BRACKET, _OUTER_DIGIT, _OUTER_ALPHA
-    global _INNER_LEVEL, _INNER_BRACKET, _INNER_PAREN, _ENGINE_PREFIXES
+    global _INNER_LEVEL, _INNER_BRACKET, _INNER_PAREN, _INNER_DASH, _INNER_PIPE, _ENGINE_PREFIXES
     compiled = {
         place: _alt(
             *(r.grouped for r in engines.prefixes if (r.position, r.starts) == place), *family
@@ -153,6 +155,8 @@ def _use_engines(engines: Engines) -> None:
     _INNER_LEVEL = compiled["inner", "level"]
     _INNER_BRACKET = compiled["inner", "bracket"]
     _INNER_PAREN = compiled["inner", "paren"]
+    _INNER_DASH = compiled["inner", "dash"]
+    _INNER_PIPE = compiled["inner", "pipe"]
 
 
 follow(_use_engines)
@@ -189,9 +193,9 @@ def _match_inner(text: str, pos: int) -> re.Match[str] | None:
     elif ch == "(":
         m = _INNER_PAREN.match(text, start)
     elif ch == "-":
-        m = _PYLOG_RX.match(text, start)
+        m = _INNER_DASH.match(text, start)
     elif ch == "|":
-        m = _PIPE_RX.match(text, start)
+        m = _INNER_PIPE.match(text, start)
     if m is None and ch.isalnum() and "NCCL " in text:
         m = _NCCL_RX.match(text, start)
     if m is None and ch and not ch.isspace() and "Warning: " in text:

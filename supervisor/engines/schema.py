@@ -51,7 +51,8 @@ _PREFIX_KEYS = ("position", "starts", "pattern", "levels")
 STARTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "outer": ("digit", "letter", "bracket", "paren"),  # journal, container, process tags
-        "inner": ("level", "bracket", "paren"),  # a logger's own; level: D I W E C F
+        # A logger's own; level: a level word's initial (D I W E C F), dash `- `, pipe `| `.
+        "inner": ("level", "bracket", "paren", "dash", "pipe"),
     }
 )
 PREFIX_GROUPS = ("level", "process", "pid")
