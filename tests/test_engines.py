@@ -98,6 +98,7 @@ name = "Acme"
 packages = ["acme-serve"]
 default_port = 7070
 commands = [["acme-serve"]]
+port_options = ["--listen-port"]
 model_paths = ["/acme/models/"]
 server_paths = ["/acme/"]
 port_lines = ['acme port=(\\d+)']
@@ -142,6 +143,8 @@ levels = { E = "ERROR", I = "INFO" }
         detector.observe(JournalEntry(cursor="c", realtime_us=1, unit="acme.service", message=line))
         assert detector.death("acme.service") is not None
         assert serving_port(["/opt/acme/bin/acme-serve"]) == 7070
+        assert serving_port(["/opt/acme/bin/acme-serve", "--listen-port", "7072"]) == 7072
+        assert serving_port(["/opt/acme/bin/acme-serve", "--listen-port=7073"]) == 7073
         assert port_of({}, "bind failed: acme port=7071", None) == 7071
         assert "acme-serve" in acme.packages
 
@@ -163,6 +166,7 @@ BROKEN = [
     ('name = "x"\ncommands = [["x"]]', "commands: name default_port too"),
     ('name = "x"\ndefault_port = 80\ncommands = [["/bin/x"]]', "commands[0]: a word"),
     ('name = "x"\nstartup_frames = ["load("]', "startup_frames[0]: invalid regex"),
+    ('name = "x"\nport_options = ["port"]', "port_options[0]: not a command-line option"),
     (
         'name = "x"\nport_lines = ["port (\\\\d+) (\\\\d+)"]',
         "port_lines[0]: must hold exactly one group",
@@ -229,6 +233,7 @@ KEYS = [
     "packages",
     "default_port",
     "commands",
+    "port_options",
     "server_paths",
     "model_paths",
     "startup_frames",

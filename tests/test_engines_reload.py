@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,28 @@ def test_an_engine_file_added_applies_at_a_reload_and_a_broken_one_changes_nothi
     first, second = _root_causes(sup)
     assert first != "RuntimeError: widget 1 fell over"  # the prefix was not known yet
     assert second == "RuntimeError: widget 2 fell over"
+
+
+def test_check_config_refuses_a_broken_engine_file_in_one_line(tmp_path: Path) -> None:
+    """check-config is the shipped unit's ExecReload=: a broken engine file fails it visibly,
+    before the daemon is sent SIGHUP; a good one is named."""
+    engines = tmp_path / "engines"
+    shutil.copytree(REPO / "config" / "engines", engines)
+    config = write_config(tmp_path)
+
+    def check() -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "vllm_supervisor", "check-config", str(config)]
+        env = {"VLLM_SUPERVISOR_ENGINES": str(engines), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+
+    (engines / "acme.toml").write_text(ACME)
+    good = check()
+    assert good.returncode == 0, good.stderr
+    assert "engines: acme, sglang, tgi, vllm" in good.stdout
+    (engines / "acme.toml").write_text(ACME.replace("ERR|INF", "ERR|INF("))
+    bad = check()
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"vllm-supervisor: {config}: {engines / 'acme.toml'}: prefix[0].pattern: invalid regex: "
+        "missing ), unterminated subpattern at position 5"
+    ]

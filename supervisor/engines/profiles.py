@@ -52,6 +52,10 @@ class Engines:
         )
 
     @property
+    def port_options(self) -> tuple[str, ...]:
+        return _unique(o for p in self.profiles for o in p.port_options)
+
+    @property
     def server_paths(self) -> tuple[str, ...]:
         return _unique(s for p in self.profiles for s in p.server_paths)
 

@@ -32,6 +32,7 @@ _KEYS: Mapping[str, type] = MappingProxyType(
         "packages": list,
         "default_port": int,
         "commands": list,
+        "port_options": list,
         "server_paths": list,
         "model_paths": list,
         "startup_frames": list,
@@ -100,6 +101,7 @@ class EngineProfile:
     packages: tuple[str, ...] = ()
     default_port: int | None = None
     commands: tuple[tuple[str, ...], ...] = ()  # argv words (basenames) that start the server
+    port_options: tuple[str, ...] = ()  # options naming the port besides --port
     server_paths: tuple[str, ...] = ()  # a frame's path in the server's own code
     model_paths: tuple[str, ...] = ()  # ... in its model code
     startup_frames: tuple[str, ...] = ()  # function names (regexes) of starting up
@@ -195,6 +197,14 @@ def _port(
     return int(port)
 
 
+def _port_options(raw: Mapping[str, Any], where: _Where) -> tuple[str, ...]:
+    values = _strings(raw, "port_options", where)
+    for index, option in enumerate(values):
+        if not re.fullmatch(r"--?[A-Za-z0-9][\w-]*", option):
+            raise where.error(f"port_options[{index}]", f"not a command-line option: {option!r}")
+    return values
+
+
 def _port_lines(raw: Mapping[str, Any], where: _Where) -> tuple[str, ...]:
     values = _regexes(raw, "port_lines", where)
     for index, pattern in enumerate(values):
@@ -286,6 +296,7 @@ def _check_prefix(rule: PrefixRule, at: str, where: _Where) -> None:
         if name not in PREFIX_GROUPS:
             allowed = ", ".join(PREFIX_GROUPS)
             raise where.error(f"{at}.pattern", f"group {name!r} is read by nothing ({allowed})")
+    _compile(rule.pattern, f"{at}.pattern", where)  # its own errors' positions are the file's
     compiled = _compile(rule.grouped, f"{at}.pattern", where)
     expected = {rule.kind} | {f"{rule.kind}_{n}" for n in PREFIX_GROUPS if rule.group(n)}
     if set(compiled.groupindex) != expected:
@@ -323,6 +334,7 @@ def parse_engine(raw: Mapping[str, Any], path: Path) -> EngineProfile:
         packages=_packages(raw, where),
         default_port=_port(raw, commands, where),
         commands=commands,
+        port_options=_port_options(raw, where),
         server_paths=_strings(raw, "server_paths", where),
         model_paths=_strings(raw, "model_paths", where),
         startup_frames=_frames(raw, "startup_frames", where),
