@@ -544,8 +544,8 @@ class TestBlind:
         """`--blind --format json` prints only the counts, with the exact keys, for "all" and
         every engine; the seen run of the same log halts where the blind one does not."""
         blind, seen = (
-            _bench("--blind", "--only", "01-*", "--format", "json"),
-            _bench("--only", "01-*", "--format", "json"),
+            _bench("--blind", "--only", "10-*", "--format", "json"),
+            _bench("--only", "10-*", "--format", "json"),
         )
         assert blind.returncode == 0, blind.stderr
         assert seen.returncode == 0, seen.stderr
@@ -565,10 +565,11 @@ class TestBlind:
 @needs_journal
 def test_command_line_blind_text() -> None:
     """`--blind` says it is blind and ends with blind and seen side by side."""
-    result = _bench("--blind", "--only", "01-*", "--jobs", "1")
+    result = _bench("--blind", "--only", "10-*", "--jobs", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("BLIND:")
     side_by_side = result.stdout.split("Blind / seen")[1]
-    # Blind, its one line has no signature: its words lean deterministic, so the second
-    # identical start halts (1 restart wasted); seen, its signature halts the first.
-    assert "| **all** | 1 | 0 / 1 of 1 | 1 / 0 |" in side_by_side
+    # Blind, only the wrapper `EngineCore failed to start.` of a cut traceback is left (the
+    # INFO line with the negative KV cache is no cause): halted by repetition on the third
+    # crash (2 restarts wasted); seen, its signature halts the first.
+    assert "| **all** | 1 | 0 / 1 of 1 | 2 / 0 |" in side_by_side
