@@ -29,7 +29,7 @@ from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
 from .classify.table import load_table
 from .config import Config, parse_listen, resolve_webhook
-from .daemon import Daemon, supervised_machine_id
+from .daemon import Daemon, journal_reader, supervised_machine_id
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
 from .environment.drift import DriftRecorder
@@ -156,9 +156,11 @@ async def _run(
                 metrics=metrics,
             )
         )
+    reader = journal_reader(config, store.load_checkpoint(), metrics)
     daemon = Daemon(
         config,
         table,
+        reader=reader,
         store=store,
         metrics=metrics,
         actor=actor,
@@ -194,7 +196,7 @@ async def _run(
         refresh_halted()
 
     refresh_halted()
-    metrics.reader_memory(lambda: daemon.reader.memory_bytes())
+    metrics.reader_memory(reader.memory_bytes)
 
     def slack_state() -> SinkState:
         if slack.webhook is None:
@@ -307,12 +309,13 @@ def _state_health(daemon: Daemon) -> HealthCheck:
     """Healthy while every handled batch has reached the state database."""
 
     def check() -> tuple[bool, dict[str, Any]]:
-        pending, error = len(daemon.state.pending), daemon.state.commit_error
+        checkpointer = daemon.checkpointer
+        pending, error = len(checkpointer.pending), checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:
             reasons.append(f"state database not writable: {error}")
         return not reasons, {
-            "state_errors": daemon.state.state_errors,
+            "state_errors": checkpointer.state_errors,
             "pending_commits": pending,
             "last_verdict": daemon.state.last_verdict,
             "not_reloaded": daemon.state.not_reloaded,  # what waits for a restart

@@ -27,35 +27,38 @@ from typing import Any
 import structlog
 
 from .actions.actor import Actor
+from .actions.lanes import Lanes
 from .actions.presence import Here
 from .actions.unitnames import RealNames
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
 from .config import Config, restart_only_changes
 from .errors import StateError, SupervisorError
-from .journal.reader import (
-    JournalctlReader,
-    ReaderSettings,
-    cursor_realtime_us,
-    resolve_source,
-)
+from .journal.reader import JournalctlReader, ReaderSettings, cursor_realtime_us
 from .journal.streams import count_streams
 from .journal.writer import local_boot_id, local_machine_id
+from .loop.checkpoint import Checkpointer, Position
 from .model import Ending, Invocation, JournalEntry, Outcome, Taken
 from .pipeline import Pipeline
-from .seams import BatchHook, DriftLookup, Notifying, OutcomeSource, StatusReporter, Task
+from .seams import (
+    BatchHook,
+    DriftLookup,
+    JournalSource,
+    Notifying,
+    OutcomeSource,
+    StatusReporter,
+    Task,
+)
 from .store import Checkpoint, Store
 from .telemetry.looplag import LoopLag
 from .telemetry.metrics import Metrics
 from .track.tracker import SuppressionNotice
-from .util.aio import first_of
+from .util.aio import Nursery, first_of
 from .util.memory import give_back_startup_memory
-from .util.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
-COMMIT_RETRY_S = 0.25  # first wait before retrying a failed state commit (doubles, capped)
-GATE_KICK_S = 0.01
+GATE_KICK_S = 0.01  # while a gate waits for its start to be read, the reader looks this often
 # While journald still reads a dead process's stream, the settle loop looks again this often.
 DRAIN_POLL_S = 0.005
 # After systemd announced a state change, the reader looks at these offsets: PID 1's own log
@@ -63,7 +66,7 @@ DRAIN_POLL_S = 0.005
 LOOK_AFTER_CHANGE_S = (0.0, 0.005, 0.02, 0.05, 0.1)
 # After SIGTERM, the daemon's own tasks get this long to finish; app.close_within gets
 # CLOSE_BUDGET_S for the sockets and the bus: together well inside TimeoutStopSec=20s.
-SHUTDOWN_GRACE_S = 10.0  # while a gate waits for its start to be read, the reader looks this often
+SHUTDOWN_GRACE_S = 10.0
 
 # Handed the new config at each reload: applies what it can of it to its part (a webhook URL
 # rewritten in its file or credential) and names what only a restart applies, for
@@ -78,12 +81,18 @@ class DaemonState:
     entries: int = 0
     outcomes: int = 0
     halts: int = 0
-    skipped_errors: int = 0  # entries or invocations whose handling raised (logged, skipped)
     last_verdict: str = "none yet"
-    state_errors: int = 0
-    pending: list[Outcome] = field(default_factory=list)
-    commit_error: str | None = None  # why the last commit failed; None once one succeeds
     not_reloaded: list[str] = field(default_factory=list)  # what waits for a restart
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A decided outcome in its unit's lane: what was known when it was decided, and where the
+    outcome as recorded goes (`handle_batch`, `end_hung` wait for it; the live loop does not)."""
+
+    outcome: Outcome
+    here: Here
+    recorded: asyncio.Future[Outcome]
 
 
 class Daemon:
@@ -108,6 +117,7 @@ class Daemon:
         wakers: Sequence[Callable[[], None]] = (),
         names: RealNames | None = None,
         reloaders: Sequence[Reloader] = (),
+        reader: JournalSource | None = None,
     ) -> None:
         self.config = config
         # The units' real names (config already under them): a reload is resolved again.
@@ -126,17 +136,12 @@ class Daemon:
         self.shutdown_grace_s = shutdown_grace_s
         # Told when outcomes were recorded or a unit released (the Alertmanager sink).
         self.wakers = tuple(wakers)
-        # Held while a batch (or outcomes found outside one, a hung engine) is acted on and
-        # committed, so a commit never saves a cursor past outcomes not yet recorded.
-        self.lock = asyncio.Lock()
         self._ending = asyncio.Event()  # set when an ended invocation awaits its late lines
-        self._remain: set[asyncio.Task[None]] = set()  # looks for RemainAfterExit= ends
+        self._remain = Nursery()  # looks for RemainAfterExit= ends after systemd's signals
         self._progress = asyncio.Event()  # replaced (after being set) at each handled batch
-        self._uncommitted = asyncio.Event()  # set when a commit failed (disk full)
-        self._cursor_behind = asyncio.Event()  # set when a batch left its cursor uncommitted
         self.machine_id = supervised_machine_id(config)
         self.boot_id = local_boot_id()
-        self.checkpoint = store.load_checkpoint()
+        checkpoint = store.load_checkpoint()
         self.pipeline = Pipeline(
             config,
             table,
@@ -145,63 +150,54 @@ class Daemon:
             on_skip=lambda: metrics.entry_invalid("pipeline_error"),
             drift=drift,
         )
-        self.reader = JournalctlReader(
-            self._reader_settings(),
-            cursor=self.checkpoint.replay_from or self.checkpoint.cursor,
-            inclusive=self.checkpoint.replay_from is not None,
-            on_restart=metrics.source_restart,
-            on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
-            on_following=metrics.following,
-            on_gap=metrics.cursor_gap,
+        self.reader: JournalSource = reader or journal_reader(config, checkpoint, metrics)
+        self.checkpointer = Checkpointer(
+            store,
+            metrics,
+            notifier=notifier,
+            interval_s=config.state.checkpoint_interval_s,
+            retry_max_s=config.state.commit_retry_max_s,
+            position=Position(checkpoint=checkpoint, memory=self.pipeline.memory()),
         )
+        # Each unit's decided actions, carried out in order beside the journal's reading.
+        self.lanes: Lanes[_Job] = Lanes(self._carry_out)
         # Entries up to the saved cursor were handled before a restart: they only rebuild the
         # tracker's open invocation, nothing is decided about them again.
-        self._replay_until = self.checkpoint.cursor if self.checkpoint.replay_from else None
+        self._replay_until = checkpoint.cursor if checkpoint.replay_from else None
         # Ended invocations of this host are decided once journald has written their processes'
         # last lines and the reader has read them (journal.streams), not after the whole
         # settle window: only the system journal's own journald can be asked.
         self._settle_early = config.journal.directory is None and self.reader.can_sync
-        self._committed_at = 0.0  # time.monotonic() of the last successful commit
         self.loop_lag = LoopLag(metrics.loop_lag)
         metrics.register_units(u.name for u in config.units)
         metrics.signature_table([s.id for s in table.signatures], True)
         log.debug("daemon_built", machine_id=self.machine_id, boot_id=self.boot_id)
 
-    def _reader_settings(self) -> ReaderSettings:
-        journal = self.config.journal
-        start = journal.start_at
-        if start == "auto":
-            start = "head" if journal.directory is not None else "tail"
-        return ReaderSettings(
-            units=tuple(u.name for u in self.config.units),
-            directory=journal.directory,
-            journalctl=journal.journalctl,
-            source=journal.reader,
-            follow=True,
-            start_at=start,
-            on_bad_cursor=self.config.state.on_bad_cursor,
-            backoff_s=journal.restart_backoff_s,
-            backoff_max_s=journal.restart_backoff_max_s,
-            max_line_chars=self.config.tracker.max_line_chars,
-        )
-
     async def run(self, stop: asyncio.Event, reload: asyncio.Event | None = None) -> None:
         """Run until `stop` is set; SIGHUP-style reloads when `reload` is set.
 
         Once `stop` is set the tasks beside the reader get `shutdown_grace_s` to finish (an
-        in-flight Slack attempt, a probe of the served interpreter); then they are cancelled
-        with one line naming them, so a stop always ends inside the unit's TimeoutStopSec=.
+        in-flight Slack attempt, a probe of the served interpreter, a halt under way); then
+        they are cancelled with one line naming them, so a stop always ends inside the unit's
+        TimeoutStopSec=. An action cut short stays pending in the state database.
         """
         reload = reload or asyncio.Event()
         log.info("supervisor_starting", units=[u.name for u in self.config.units])
         async with asyncio.TaskGroup() as group:
             beside = [
+                group.create_task(self.lanes.run(stop), name="actions"),
+                group.create_task(self._remain.run(stop), name="remain"),
                 group.create_task(self._watch_reload(stop, reload), name="reload"),
                 group.create_task(self._announce_ready(stop), name="ready"),
                 group.create_task(self._settle(stop), name="settle"),
-                group.create_task(self._retry_commits(stop), name="commit-retry"),
-                group.create_task(self._checkpoint_quiet(stop), name="checkpoint"),
+                group.create_task(
+                    self.checkpointer.run_retry(stop, on_recovered=self._wake_sinks),
+                    name="commit-retry",
+                ),
+                group.create_task(self.checkpointer.run_quiet(stop), name="checkpoint"),
             ]
+            if self.actor is not None:
+                beside.append(group.create_task(self.actor.run(stop), name="actor"))
             if self.notifier is not None:
                 beside.append(group.create_task(self.notifier.run(stop), name="notifier"))
             for task in self.tasks:
@@ -210,6 +206,7 @@ class Daemon:
                 beside.append(group.create_task(source.run(stop, self), name=_name_of(source)))
             group.create_task(self._bound_shutdown(stop, beside))
             try:
+                await self._resume_pending()
                 await self._follow(stop)
             finally:
                 stop.set()
@@ -229,42 +226,97 @@ class Daemon:
                 "shutdown_cancelled",
                 tasks=names,
                 grace_s=self.shutdown_grace_s,
-                action="cancelled; undelivered messages stay in the outbox for the next start",
+                action="cancelled; undelivered messages stay in the outbox and actions cut "
+                "short stay pending, for the next start",
             )
             for task in late:
                 task.cancel(f"shutdown: still running after {self.shutdown_grace_s}s")
 
+    async def _resume_pending(self) -> None:
+        """Carry out the actions a previous run decided and did not take (it died between)."""
+        try:
+            outcomes, unreadable = await asyncio.to_thread(self.store.pending_actions)
+        except StateError as exc:
+            log.error("pending_actions_unread", error=str(exc))
+            return
+        for record in unreadable:
+            log.error(
+                "pending_action_unreadable",
+                record=record,
+                action="left in the state database; it is not carried out",
+            )
+        for outcome in outcomes:
+            log.info(
+                "pending_action_resumed",
+                unit=outcome.invocation.unit,
+                invocation_id=outcome.invocation.invocation_id,
+                action=outcome.decision.action.value,
+            )
+            self._hand_over(outcome)
+
     async def _follow(self, stop: asyncio.Event) -> None:
         async for batch in self.reader.batches(stop):
-            await self.handle_batch(batch)
-        await self._commit([], force=True)
+            await self._handle(batch)
+        await self.checkpointer.commit(force=True)
 
     async def handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
-        """Track, decide, act and checkpoint one batch of entries."""
-        async with self.lock:
-            return await self._handle_batch(batch)
+        """Track and decide one batch, carry out its actions and checkpoint; the outcomes as
+        recorded once their actions are taken (the live loop does not wait for those)."""
+        return [await recorded for recorded in await self._handle(batch)]
 
-    async def _handle_batch(self, batch: list[JournalEntry]) -> list[Outcome]:
+    async def _handle(self, batch: list[JournalEntry]) -> list[asyncio.Future[Outcome]]:
         received = time.time()
         self.loop_lag.poke()
         batch = self._skip_replayed(batch)
         for hook in self.hooks:
             batch = hook.entries(batch)
-        outcomes = await self._enrich(self.pipeline.feed(batch))
+        recorded = self.record(self.pipeline.feed(batch))
         self.state.entries += len(batch)
         self.metrics.entries_read(len(batch))
         if batch:
             self.metrics.journal_lag(max(0.0, received - batch[-1].realtime_us / 1e6))
-        outcomes = [await self._act(outcome) for outcome in outcomes]
-        await self._commit(outcomes)
-        _say_backlog(outcomes)
-        await self._notices(self.pipeline.tracker.take_notices())
-        if outcomes:
-            self._wake_sinks()
-        if self.pipeline.tracker.next_deadline() is not None:
+        notices = self.pipeline.take_notices()
+        if self.pipeline.next_deadline() is not None:
             self._ending.set()
+        await self.checkpointer.commit()
+        await self._notices(notices)
         self._signal_progress()
-        return outcomes
+        return recorded
+
+    def record(self, outcomes: list[Outcome]) -> list[asyncio.Future[Outcome]]:
+        """The one path of every decided outcome: noted with the position that covers it (to
+        be committed), then handed to its unit's lane to be acted on and recorded as taken.
+
+        Synchronous: nothing runs between the decision and the note, so no commit saves a
+        cursor past a decision it does not hold, and a gate that finds the run decided finds
+        its action in the lane."""
+        self.checkpointer.decided(outcomes, self._position())
+        return [self._hand_over(outcome) for outcome in outcomes]
+
+    def _position(self) -> Position | None:
+        """Where reading resumes now, and the policy's memory; None while the journal is read
+        again up to the saved cursor (that cursor still stands)."""
+        if self._replay_until is not None:
+            return None
+        checkpoint = Checkpoint(cursor=self.reader.cursor, replay_from=self.pipeline.replay_from())
+        return Position(checkpoint=checkpoint, memory=self.pipeline.memory())
+
+    def _hand_over(self, outcome: Outcome) -> asyncio.Future[Outcome]:
+        recorded = asyncio.get_running_loop().create_future()
+        job = _Job(outcome, self._here(outcome.invocation), recorded)
+        self.lanes.submit(outcome.invocation.unit or "", job)
+        return recorded
+
+    async def _carry_out(self, unit: str, jobs: list[_Job]) -> None:
+        """A unit's lane: enrich, act on and record its outcomes, in the order decided."""
+        outcomes = [await self._act(await self._enrich(job.outcome), job.here) for job in jobs]
+        self.checkpointer.taken(outcomes)
+        await self.checkpointer.commit()
+        _say_backlog(outcomes)
+        self._wake_sinks()
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            if not job.recorded.done():
+                job.recorded.set_result(outcome)
 
     def _signal_progress(self) -> None:
         """Wake everything waiting for the journal to be read further (the gates)."""
@@ -301,24 +353,22 @@ class Daemon:
         earlier (the unit's next start began), so every batch wakes this loop.
         """
         while not stop.is_set():
-            deadline = self.pipeline.tracker.next_deadline()
+            deadline = self.pipeline.next_deadline()
             self._ending.clear()
             if deadline is None:
                 await first_of(self._ending.wait(), stop.wait())
                 continue
             delay = deadline - time.monotonic()
             if delay > 0:
-                if self._settle_early and self.pipeline.tracker.settling_on(self.machine_id):
+                if self._settle_early and self.pipeline.settling_on(self.machine_id):
                     if await self._decide_drained(delay):
                         continue
                     delay = min(delay, DRAIN_POLL_S)
                 await first_of(self._ending.wait(), stop.wait(), at_most_s=delay)
                 continue
-            async with self.lock:
-                outcomes = self.pipeline.flush_quiet()
-                if outcomes:
-                    await self.handle_outcomes(outcomes)
-                self._signal_progress()
+            if self.record(self.pipeline.flush_quiet()):
+                await self.checkpointer.commit()
+            self._signal_progress()
 
     async def _decide_drained(self, within_s: float) -> bool:
         """Decide this host's ended invocations if journald has written every line of the dead
@@ -335,12 +385,11 @@ class Daemon:
             )
         if streams.dying or not await self.reader.sync(within_s):
             return False
-        async with self.lock:
-            outcomes = self.pipeline.flush_drained(self.machine_id, asked)
-            if outcomes:
-                await self.handle_outcomes(outcomes)
-            self._signal_progress()
-        return bool(outcomes)
+        decided = self.record(self.pipeline.flush_drained(self.machine_id, asked))
+        if decided:
+            await self.checkpointer.commit()
+        self._signal_progress()
+        return bool(decided)
 
     def _no_settle_probe(self, why: str) -> bool:
         """Fall back to the settle window for good, saying why once; False (nothing decided)."""
@@ -364,15 +413,17 @@ class Daemon:
             # it, so waiting would only delay its start by `wait_s`.
             return {"ok": True, "decided": True, "supervised": False}
         deadline = time.monotonic() + wait_s
-        tracker = self.pipeline.tracker
-        while invocation_id is not None and not tracker.has_seen(unit, invocation_id):
+        while invocation_id is not None and not self.pipeline.has_seen(unit, invocation_id):
             if not await self._progress_until(deadline, kick=True):
                 return {"ok": True, "decided": False, "waited": "start not read in time"}
-        while tracker.settling(unit):
+        while self.pipeline.settling(unit):
             if not await self._progress_until(deadline, kick=False):
                 return {"ok": True, "decided": False, "waited": "previous run not decided"}
-        async with self.lock:  # the batch that decided it has also acted on it
-            pass
+        # Its decided actions are carried out (its quarantine record written); another unit's
+        # are not waited for.
+        await first_of(self.lanes.idle(unit), at_most_s=max(0.0, deadline - time.monotonic()))
+        if self.lanes.pending(unit):
+            return {"ok": True, "decided": False, "waited": "its action not carried out in time"}
         return {"ok": True, "decided": True}
 
     async def _progress_until(self, deadline: float, *, kick: bool) -> bool:
@@ -402,9 +453,7 @@ class Daemon:
             loop.call_later(delay, self.reader.kick)
         # One look per announcement: a look already under way may have read the state from
         # before this change.
-        task = asyncio.create_task(self._end_if_remaining(unit))
-        self._remain.add(task)
-        task.add_done_callback(self._remain.discard)
+        self._remain.start(lambda: self._end_if_remaining(unit), name=f"remain {unit}")
 
     async def _end_if_remaining(self, unit: str) -> None:
         """Under `RemainAfterExit=yes` a server that exits leaves its unit active/exited, and
@@ -418,25 +467,18 @@ class Daemon:
             return
         await asyncio.sleep(self.config.tracker.settle_s)  # journald's late lines, not a sync
         await self.reader.sync(self.config.tracker.settle_s)
-        async with self.lock:
-            if not self.is_open(unit, state.invocation_id or None):
-                return
-            invocation = self.pipeline.tracker.close(
-                unit, self.machine_id, state.invocation_id or None, Ending.EXITED
-            )
-            if invocation is None:
-                return
-            invocation = dataclasses.replace(
-                invocation,
-                end_message="its main process exited; the unit stays active (exited) "
-                "under RemainAfterExit=yes",
-            )
-            log.warning("server_exited_unit_remains", unit=unit, action="decided as ended")
-            await self.handle_outcomes([self.pipeline.decide(invocation)])
+        if not self.is_open(unit, state.invocation_id or None):
+            return
+        outcome = self.pipeline.close_remaining(unit, self.machine_id, state.invocation_id or None)
+        if outcome is None:
+            return
+        log.warning("server_exited_unit_remains", unit=unit, action="decided as ended")
+        self.record([outcome])
+        await self.checkpointer.commit()
 
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
-        self.pipeline.policy.forget(unit)
+        self.pipeline.forget(unit)
         self.metrics.units_halted(unit, False)
         for wake in self.wakers:
             wake()
@@ -444,7 +486,7 @@ class Daemon:
 
     def is_open(self, unit: str, invocation_id: str | None) -> bool:
         """True while `unit`'s invocation (`invocation_id`, or any when None) has not ended."""
-        current = self.pipeline.tracker.open_invocation(unit)
+        current = self.pipeline.open_invocation(unit)
         if current is None:
             return False
         return invocation_id is None or current.invocation_id == invocation_id
@@ -454,33 +496,31 @@ class Daemon:
     ) -> Outcome | None:
         """End a hung invocation (its engine died, its unit stays up) and handle it like any
         ended invocation: the pipeline decides, the actor acts, the batch is recorded."""
-        async with self.lock:
-            if not self.is_open(unit, invocation_id):  # it ended while the hang was confirmed
-                return None
-            invocation = self.pipeline.tracker.close(unit, host, invocation_id, Ending.HUNG)
-            if invocation is None:
-                return None
-            outcome = self.pipeline.decide(invocation)
-            self.metrics.engine_hung(unit, outcome.decision.action)
-            recorded = await self.handle_outcomes([outcome])
-        return recorded[0] if recorded else outcome
+        if not self.is_open(unit, invocation_id):  # it ended while the hang was confirmed
+            return None
+        outcome = self.pipeline.close_hung(unit, host, invocation_id)
+        if outcome is None:
+            return None
+        self.metrics.engine_hung(unit, outcome.decision.action)
+        (recorded,) = self.record([outcome])
+        await self.checkpointer.commit()
+        return await recorded
 
-    async def handle_outcomes(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Act on and commit outcomes decided outside a batch (a hung engine); hold `lock`.
-
-        Returns them as recorded (what the actor did)."""
-        self.loop_lag.poke()
-        outcomes = await self._enrich(outcomes)
-        outcomes = [await self._act(outcome) for outcome in outcomes]
-        await self._commit(outcomes)
-        if outcomes:
-            self._wake_sinks()
-        return outcomes
-
-    async def _enrich(self, outcomes: list[Outcome]) -> list[Outcome]:
+    async def _enrich(self, outcome: Outcome) -> Outcome:
+        """What the hooks add to a decided outcome (drift, the port's holder); in its unit's
+        lane, since they may wait (a drift snapshot up to 10 s, a scan of /proc)."""
         for hook in self.hooks:
-            outcomes = [await hook.outcome(o) for o in outcomes]
-        return outcomes
+            try:
+                outcome = await hook.outcome(outcome)
+            except Exception as exc:  # a hook's bug never costs the action
+                self.metrics.state_error("other")
+                log.error(
+                    "outcome_hook_failed",
+                    hook=_name_of(hook),
+                    unit=outcome.invocation.unit,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+        return outcome
 
     def _skip_replayed(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         if self._replay_until is None:
@@ -497,21 +537,20 @@ class Daemon:
                 self._replay_until = None
                 log.info("replay_done", cursor=entry.cursor)
                 return batch[index:]
-            self.pipeline.tracker.feed(entry)
+            self.pipeline.replay(entry)
             if entry.cursor == self._replay_until:
                 self._replay_until = None
                 log.info("replay_done", cursor=entry.cursor)
                 return batch[index + 1 :]
         return []
 
-    async def _act(self, outcome: Outcome) -> Outcome:
+    async def _act(self, outcome: Outcome, here: Here) -> Outcome:
         """Carry out the decision (the actor confirms it with systemd); the outcome as recorded."""
         self.state.outcomes += 1
         if self.actor is not None:
             try:
-                outcome = await self.actor.carry_out(outcome, self._here(outcome.invocation))
+                outcome = await self.actor.carry_out(outcome, here)
             except Exception as exc:
-                self.state.skipped_errors += 1
                 self.metrics.state_error("other")
                 log.error(
                     "action_failed",
@@ -554,8 +593,7 @@ class Daemon:
 
     def _here(self, invocation: Invocation) -> Here:
         """What the actor needs to know of this host and of what was read since `invocation`."""
-        tracker = self.pipeline.tracker
-        newer = tracker.open_invocation(invocation.unit, invocation.host)
+        newer = self.pipeline.open_invocation(invocation.unit, invocation.host)
         return Here(
             machine_id=self.machine_id,
             boot_id=self.boot_id,
@@ -565,105 +603,6 @@ class Daemon:
             newer_served=newer is not None and newer.served,
         )
 
-    async def _commit(self, outcomes: list[Outcome], *, force: bool = False) -> None:
-        self.state.pending += outcomes
-        if self._replay_until is not None:
-            return  # the saved cursor still stands until the replay passes it
-        if not (force or self.state.pending or self.state.commit_error is not None) and (
-            time.monotonic() - self._committed_at < self.config.state.checkpoint_interval_s
-        ):
-            # Nothing was decided: the cursor alone can wait (see _checkpoint_quiet). Entries
-            # read again after a kill only rebuild the open invocation; every decision is
-            # committed at once, with the cursor that covers it.
-            self._cursor_behind.set()
-            return
-        writers = [
-            self.notifier.writer_for(o) for o in self.state.pending if self.notifier is not None
-        ]
-        checkpoint = Checkpoint(
-            cursor=self.reader.cursor, replay_from=self.pipeline.tracker.replay_from()
-        )
-        try:
-            # In a worker thread: SQLite's fsync (synchronous=FULL) on a slow disk must not
-            # stall the watchdog, the gates or the hang detector. Callers hold `lock`, so the
-            # state this reads does not change meanwhile.
-            await asyncio.to_thread(
-                self.store.commit_batch,
-                checkpoint=checkpoint,
-                outcomes=list(self.state.pending),
-                unit_states=self.pipeline.policy.state(),
-                extra=writers,
-            )
-        except StateError as exc:
-            self._commit_failed(exc)
-            return
-        if self.state.commit_error is not None:
-            log.info("state_commit_recovered", committed=len(self.state.pending))
-            self.state.commit_error = None
-        self.checkpoint = checkpoint
-        self.state.pending = []
-        self._committed_at = time.monotonic()
-
-    async def _checkpoint_quiet(self, stop: asyncio.Event) -> None:
-        """Commit a cursor that batches left uncommitted once the journal goes quiet.
-
-        It sleeps until a batch leaves its cursor uncommitted, so an idle daemon has no timer
-        of its own (only the watchdog's pings); then at most `checkpoint_interval_s` later the
-        cursor is committed."""
-        interval = self.config.state.checkpoint_interval_s
-        while not stop.is_set():
-            await first_of(self._cursor_behind.wait(), stop.wait())
-            if stop.is_set():
-                return
-            left = interval - (time.monotonic() - self._committed_at)
-            if left > 0:
-                await first_of(stop.wait(), at_most_s=left)
-                continue
-            async with self.lock:
-                self._cursor_behind.clear()
-                if self.reader.cursor != self.checkpoint.cursor:
-                    await self._commit([], force=True)
-
-    def _commit_failed(self, exc: StateError) -> None:
-        """Keep classifying, halting and alerting; hold the batch and retry its commit.
-
-        The cursor does not move, so nothing is lost even if the daemon dies meanwhile: the
-        batch is read again. The error is logged once per outage, counted every time.
-        """
-        self.state.state_errors += 1
-        self.metrics.state_error("commit_failed")
-        if self.state.commit_error is None:
-            log.error(
-                "state_commit_failed",
-                error=str(exc),
-                pending=len(self.state.pending),
-                action="still classifying, halting and alerting; retrying the commit",
-            )
-        self.state.commit_error = str(exc)
-        self._uncommitted.set()
-        if self.notifier is not None:
-            for outcome in self.state.pending:
-                self.notifier.hold(outcome)
-
-    async def _retry_commits(self, stop: asyncio.Event) -> None:
-        """Retry a failed commit with capped backoff, also while the journal is quiet."""
-        retry = Backoff(COMMIT_RETRY_S, max(COMMIT_RETRY_S, self.config.state.commit_retry_max_s))
-        failures = 0  # retries in this outage
-        while not stop.is_set():
-            if self.state.commit_error is None:
-                failures = 0
-                self._uncommitted.clear()
-                await first_of(self._uncommitted.wait(), stop.wait())
-                continue
-            failures += 1
-            await first_of(stop.wait(), at_most_s=retry.delay(failures))
-            async with self.lock:
-                if self.state.commit_error is not None and not stop.is_set():
-                    had = bool(self.state.pending)
-                    await self._commit([])
-                    if had:
-                        self._wake_sinks()
-
     async def _announce_ready(self, stop: asyncio.Event) -> None:
         await first_of(self.reader.following.wait(), stop.wait())
         if stop.is_set():
@@ -671,7 +610,7 @@ class Daemon:
         log.info(
             "following_journal",
             cursor=self.reader.cursor,
-            reader=resolve_source(self.reader.settings.source),
+            reader=self.reader.describe(),
         )
         if self.reporter is not None:
             self.reporter.ready()
@@ -687,8 +626,7 @@ class Daemon:
                 if loaded is not None:
                     config = await self.names.resolve(loaded[0])  # asks systemd: not locked
                     pending = await self._reload_parts(config)
-                    async with self.lock:
-                        self._apply(config, loaded[1], pending)
+                    self._apply(config, loaded[1], pending)
 
     async def _reload_parts(self, config: Config) -> list[str]:
         """Hand `config` to the reloaders; what they say only a restart applies (a reloader that
@@ -777,6 +715,39 @@ def _name_of(part: object) -> str:
     if owner is not part or not callable(part):
         return type(owner).__name__
     return getattr(part, "__qualname__", type(part).__name__)
+
+
+def journal_reader(config: Config, checkpoint: Checkpoint, metrics: Metrics) -> JournalctlReader:
+    """The daemon's reader of the system journal (or `journal.directory`), from `checkpoint`."""
+    return JournalctlReader(
+        reader_settings(config),
+        cursor=checkpoint.replay_from or checkpoint.cursor,
+        inclusive=checkpoint.replay_from is not None,
+        on_restart=metrics.source_restart,
+        on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
+        on_following=metrics.following,
+        on_gap=metrics.cursor_gap,
+    )
+
+
+def reader_settings(config: Config) -> ReaderSettings:
+    """How the daemon reads the journal: following the configured units from where it left."""
+    journal = config.journal
+    start = journal.start_at
+    if start == "auto":
+        start = "head" if journal.directory is not None else "tail"
+    return ReaderSettings(
+        units=tuple(u.name for u in config.units),
+        directory=journal.directory,
+        journalctl=journal.journalctl,
+        source=journal.reader,
+        follow=True,
+        start_at=start,
+        on_bad_cursor=config.state.on_bad_cursor,
+        backoff_s=journal.restart_backoff_s,
+        backoff_max_s=journal.restart_backoff_max_s,
+        max_line_chars=config.tracker.max_line_chars,
+    )
 
 
 def supervised_machine_id(config: Config) -> str:

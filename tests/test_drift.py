@@ -11,6 +11,7 @@ from types import MappingProxyType
 
 import pytest
 from conftest import poll
+from handfed import HandFed, running
 
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
@@ -138,6 +139,7 @@ def _setup(
     daemon = Daemon(
         config,
         load_table(config),
+        reader=HandFed(),
         store=store,
         metrics=metrics,
         hooks=[recorder],
@@ -186,7 +188,8 @@ class TestDriftRecorder:
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:
-            outcomes = await _crash_after_upgrade(daemon, env, serving=serving)
+            async with running(daemon):
+                outcomes = await _crash_after_upgrade(daemon, env, serving=serving)
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)
@@ -219,7 +222,8 @@ class TestDriftRecorder:
         )
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
-        await daemon.handle_batch([old])
+        async with running(daemon):
+            await daemon.handle_batch([old])
         stop.set()
         await asyncio.wait_for(task, 5)
         assert env.pythons == []
@@ -266,7 +270,8 @@ class TestDriftAsEvidence:
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:
-            crashed = await _unknown_crash_after(daemon, env, upgrade=upgrade)
+            async with running(daemon):
+                crashed = await _unknown_crash_after(daemon, env, upgrade=upgrade)
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)

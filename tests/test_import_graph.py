@@ -19,7 +19,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "supervisor"
 
 # Lowest first. A prefix names a folder (every module in it) or a single module.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("supervisor", "supervisor.model", "supervisor.errors", "supervisor.util"),
+    (
+        "supervisor",
+        "supervisor.model",
+        "supervisor.records",
+        "supervisor.errors",
+        "supervisor.util",
+    ),
     ("supervisor.config",),
     ("supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),
@@ -31,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.actions",),
     ("supervisor.notify",),
     ("supervisor.pipeline",),
+    ("supervisor.loop",),
     ("supervisor.daemon",),
     ("supervisor.app",),
     ("supervisor.commands",),
