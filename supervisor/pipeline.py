@@ -19,7 +19,8 @@ from .classify.signatures import SignatureTable
 from .config import Config
 from .decide.policy import RestartPolicy
 from .model import Ending, Invocation, JournalEntry, Outcome, Severity, Verdict
-from .track.tracker import InvocationTracker, SuppressionNotice
+from .track.tracker import InvocationTracker
+from .track.tracker import SuppressionNotice as SuppressionNotice  # what take_notices returns
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
@@ -148,6 +149,10 @@ class Pipeline:
     def next_deadline(self) -> float | None:
         """When the next ended invocation's late-line window ends (monotonic); None if none."""
         return self.tracker.next_deadline()
+
+    def supervises(self, unit: str) -> bool:
+        """True when `unit` is one of the configured units."""
+        return unit in self._units
 
     def settling(self, unit: str | None) -> bool:
         """True while an ended invocation of `unit` waits for its late lines."""

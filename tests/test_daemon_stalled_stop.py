@@ -30,6 +30,7 @@ from vllm_supervisor.actions.gatekeeper import GateServer, socket_path
 from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
 from vllm_supervisor.actions.systemd import SystemdClient
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config, seed_lines
 from vllm_supervisor.commands.gate import EXIT_QUARANTINED, gate_main
@@ -133,7 +134,7 @@ async def running(config: Config, store: Store, address: str) -> AsyncIterator[D
     actor = Actor(
         halter, client, metrics, gate_waiting=lambda u: gates is not None and gates.is_waiting(u)
     )
-    daemon = Daemon(config, load_table(config), store=store, metrics=metrics, actor=actor)
+    daemon = compose_daemon(config, load_table(config), store=store, metrics=metrics, actor=actor)
     gates = GateServer(
         socket_path(config.state.runtime_dir),
         ready=daemon.gate_answer,

@@ -13,6 +13,7 @@ import pytest
 from conftest import poll
 from handfed import HandFed, running
 
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.commands.triage import render_text
@@ -136,7 +137,7 @@ def _setup(
         snapshotter=env,
         on_snapshot=metrics.environment_snapshot,
     )
-    daemon = Daemon(
+    daemon = compose_daemon(
         config,
         load_table(config),
         reader=HandFed(),

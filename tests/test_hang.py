@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from vllm_supervisor.actions.actor import Actor
 from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.config import Config, UnitConfig, validate
@@ -253,7 +254,7 @@ def _daemon(
         timeout_s=1,
     )
     metrics = Metrics(new_registry(process=False))
-    return Daemon(
+    return compose_daemon(
         config,
         load_table(config),
         store=store,

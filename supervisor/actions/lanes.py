@@ -37,8 +37,8 @@ class _Lane(Generic[T]):
 class Lanes(Generic[T]):
     """Runs each unit's items in order, units side by side, inside `run`'s task group."""
 
-    def __init__(self, handler: Handler[T]) -> None:
-        self._handler = handler
+    def __init__(self) -> None:
+        self._handler: Handler[T] | None = None
         self._lanes: dict[str, _Lane[T]] = {}
         self._group: asyncio.TaskGroup | None = None
 
@@ -63,9 +63,11 @@ class Lanes(Generic[T]):
             return 0 if lane is None else lane.busy
         return sum(lane.busy for lane in self._lanes.values())
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Own the lanes' tasks until `stop`, then until the lanes are done (the daemon's
-        bounded shutdown cancels what a stalled systemd keeps running)."""
+    async def run(self, stop: asyncio.Event, handler: Handler[T]) -> None:
+        """Carry out each unit's items with `handler`: own the lanes' tasks until `stop`, then
+        until the lanes are done (the daemon's bounded shutdown cancels what a stalled systemd
+        keeps running)."""
+        self._handler = handler
         async with asyncio.TaskGroup() as group:
             self._group = group
             for unit, lane in self._lanes.items():  # handed in before the group existed
@@ -74,15 +76,18 @@ class Lanes(Generic[T]):
         self._group = None
 
     def _start(self, unit: str, lane: _Lane[T]) -> None:
-        if self._group is None or (lane.task is not None and not lane.task.done()):
+        if self._group is None or self._handler is None:
             return
-        lane.task = self._group.create_task(self._drain(unit, lane), name=f"lane {unit}")
+        if lane.task is None or lane.task.done():
+            lane.task = self._group.create_task(
+                self._drain(unit, lane, self._handler), name=f"lane {unit}"
+            )
 
-    async def _drain(self, unit: str, lane: _Lane[T]) -> None:
+    async def _drain(self, unit: str, lane: _Lane[T], handler: Handler[T]) -> None:
         while lane.items:
             items, lane.items = lane.items, []
             try:
-                await self._handler(unit, items)
+                await handler(unit, items)
             except Exception as exc:  # a bug in a handler: logged, the lane and daemon go on
                 log.error("lane_failed", unit=unit, error=f"{type(exc).__name__}: {exc}")
             lane.busy -= len(items)

@@ -53,3 +53,12 @@ class Nursery:
             self._group = None
             for task in list(self._running):
                 task.cancel("stopping")
+
+
+def name_of(part: object) -> str:
+    """A part's name for its task and its log lines: the class of a bound method's owner (or
+    of an object), else the function's own name."""
+    owner = getattr(part, "__self__", part)
+    if owner is not part or not callable(part):
+        return type(owner).__name__
+    return getattr(part, "__qualname__", type(part).__name__)
