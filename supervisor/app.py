@@ -445,13 +445,15 @@ def _state_health(daemon: Daemon) -> HealthCheck:
 
     def check() -> tuple[bool, dict[str, Any]]:
         checkpointer = daemon.checkpointer
-        pending, error = len(checkpointer.pending), checkpointer.commit_error
+        pending = len(checkpointer.pending) + len(checkpointer.decisions)
+        error = checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:
             reasons.append(f"state database not writable: {error}")
         return not reasons, {
             "state_errors": checkpointer.state_errors,
             "pending_commits": pending,
+            "actions_under_way": daemon.lanes.pending(),  # decided, being carried out
             "last_verdict": daemon.state.last_verdict,
             "not_reloaded": daemon.state.not_reloaded,  # what waits for a restart
             "reasons": reasons,
