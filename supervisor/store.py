@@ -1,12 +1,14 @@
 """The state database (SQLite): journal checkpoint, policy state, crash history, outbox.
 
-Everything one handled batch changes is committed in **one transaction**: the new cursor, the
-invocations it decided (each an action pending) and the policy's per-unit memory. A crash of the
-supervisor at any point therefore either keeps all of a batch or none of it, and the batch is
-read again from the previous cursor: every entry is handled exactly once. An action is carried
-out after its batch; what it did (`taken`) is committed with the invocation's history and the
-notifications it queued, in one transaction that also clears the pending action. A supervisor
-that dies in between finds the action pending at its next start (`pending_actions`).
+Everything one handled batch changes is committed in **one transaction**: the new cursor and
+the invocations it ended (each pending, to be decided). A crash of the supervisor at any point
+therefore either keeps all of a batch or none of it, and the batch is read again from the
+previous cursor: every entry is handled exactly once. An invocation is decided after its batch,
+in its unit's lane (the pending record becomes the decision, committed with the policy's
+per-unit memory), then acted on; what was done (`taken`) is committed with the invocation's
+history and the notifications it queued, in one transaction that also clears the pending
+record. A supervisor that dies in between finds it pending at its next start
+(`pending_actions`): to be decided, or to be acted on.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StateError
-from .model import Outcome
-from .records import outcome_from_record, outcome_record
+from .model import Ended, Outcome
+from .records import Pending, ended_record, outcome_record, pending_from_record
 from .util.files import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
@@ -41,7 +43,7 @@ CREATE TABLE IF NOT EXISTS history (
     notified INTEGER NOT NULL DEFAULT 0,
     UNIQUE (unit, invocation_id)
 );
--- Decided, not yet carried out: the outcome as supervisor.records writes it.
+-- Ended and not yet decided, or decided and not yet carried out (supervisor.records).
 CREATE TABLE IF NOT EXISTS pending_action (
     id INTEGER PRIMARY KEY,
     unit TEXT,
@@ -204,12 +206,20 @@ class Store:
         extra: Sequence[Writer] = (),
         now: Callable[[], float] = time.time,
         decided: Sequence[Outcome] = (),
+        ended: Sequence[Ended] = (),
     ) -> None:
-        """Commit everything one batch changed, atomically: the actions it `decided` (pending),
-        the `outcomes` whose actions were taken (history; their pending actions cleared)."""
+        """Commit everything noted since the last commit, atomically: the invocations that
+        `ended` (pending, to be decided), the actions `decided` (the pending record becomes
+        the outcome's), the `outcomes` whose actions were taken (history; their pending
+        records cleared)."""
         with self.transaction() as db:
             db.executemany(
                 "INSERT OR IGNORE INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
+                [(e.invocation.unit, _key(e), _dump(ended_record(e))) for e in ended],
+            )
+            db.executemany(
+                "INSERT INTO pending_action (unit, key, outcome) VALUES (?, ?, ?) "
+                "ON CONFLICT (unit, key) DO UPDATE SET outcome = excluded.outcome",
                 [(o.invocation.unit, _key(o), _dump(outcome_record(o))) for o in decided],
             )
             db.executemany(
@@ -233,14 +243,16 @@ class Store:
             for write in extra:
                 write(db)
 
-    def pending_actions(self) -> tuple[list[Outcome], list[str]]:
-        """The actions decided and not yet taken, oldest first; and one line for each record
-        that cannot be read (it stays, for a person to look at)."""
+    def pending_actions(self) -> tuple[list[Pending], list[str]]:
+        """The invocations ended and not yet decided, and the actions decided and not yet
+        taken, oldest first; and one line for each record that cannot be read (it stays, for
+        a person to look at)."""
         rows = self.query("SELECT unit, key, outcome FROM pending_action ORDER BY id")
-        outcomes, unreadable = [], []
+        outcomes: list[Pending] = []
+        unreadable = []
         for unit, key, text in rows:
             try:
-                outcomes.append(outcome_from_record(json.loads(text)))
+                outcomes.append(pending_from_record(json.loads(text)))
             except (ValueError, KeyError, TypeError) as exc:
                 unreadable.append(f"{unit} {key}: {type(exc).__name__}: {exc}")
         return outcomes, unreadable
@@ -296,9 +308,9 @@ def mark_notified(
     )
 
 
-def _key(outcome: Outcome) -> str:
+def _key(pending: Pending) -> str:
     """What identifies an invocation of its unit: its id, else its last entry's cursor."""
-    inv = outcome.invocation
+    inv = pending.invocation
     return inv.invocation_id or f"cursor:{inv.last_cursor}"
 
 
