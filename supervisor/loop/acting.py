@@ -3,7 +3,7 @@
 The lane (supervisor.actions.lanes) hands a unit's jobs over in the order their invocations
 ended. For each ended invocation the hooks fill its evidence (the drift since the last good
 start, the port's holder; they may wait), then the pipeline decides, once, on the reading and
-the evidence (the same `Pipeline.decide` that `triage` runs); the decisions are committed with
+the evidence (the same `Pipeline.decide` that `triage` runs); the decisions are noted with
 the policy's memory, carried out by the actor (confirmed with systemd first), logged, and then
 all of them are recorded as taken in one commit, which also queues their messages and clears
 their pending records (supervisor.loop.checkpoint). A job may also be an outcome decided
@@ -81,8 +81,10 @@ class Acting:
 
     async def carry_out(self, unit: str, jobs: list[Job]) -> None:
         """Decide, act on and record `unit`'s jobs, in the order they ended."""
+        # Decisions are committed with what was done (or by any earlier commit): a supervisor
+        # killed before finds the invocation still pending, and decides it again on the memory
+        # committed with the record, which does not hold this decision yet.
         decided = [await self._decided(job.pending) for job in jobs]
-        await self._checkpointer.commit()  # the decisions stand before anything is done
         outcomes = [
             await self._act(outcome, job.here) for job, outcome in zip(jobs, decided, strict=True)
         ]
