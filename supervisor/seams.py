@@ -2,8 +2,9 @@
 
 `app.run_daemon` composes the daemon from parts built beforehand (structlog's
 `configure(processors=[...])` is the model): the journal source, hooks that see every batch
-and every outcome (drift, the port holder, the hang watcher), tasks that run beside it (the
-drift recorder, the watchdog), sources that find ended invocations the journal never reports
+and give evidence for every ended invocation before it is decided (drift, the port holder,
+the hang watcher), tasks that run beside it (the drift recorder, the watchdog), sources that
+find ended invocations the journal never reports
 (a hung engine), the actor, the notifier. No part reaches into the daemon: a source is handed
 `Supervision`, the narrow face of the daemon it needs, when it runs.
 """

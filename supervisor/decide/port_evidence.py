@@ -12,8 +12,10 @@ of a large model reloads its weights just to fail to bind again. Outlives means 
   crash: the holder's PID may be invisible to the daemon's user (another user's open files),
   the socket table is not.
 
-Otherwise the holder is named and the restart goes ahead. Only a crash that ended moments ago
-(`systemd.act_window_s`), on this host, that the policy would restart, whose cause is the bind
+The hook only gathers this evidence (`PortHeld`), before the decision; `port_verdict` makes the
+verdict fatal and the policy halts it (`port_held`). Otherwise the holder is named and the
+restart goes ahead. Only a crash that ended moments ago
+(`systemd.act_window_s`), on this host, a crash (not a stop or a skip), whose cause is the bind
 error itself (not a warning, not a line logged long before) and that never logged it serves,
 is judged so; the holder today says nothing of a crash read from yesterday's journal.
 

@@ -37,7 +37,7 @@ from .snapshot import EnvSnapshot, snapshot
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_TIMEOUT_S = 30.0  # resolving the interpreter and probing it, per start
-CRASH_WAIT_S = 10.0  # how long a crash's outcome waits for its own start's snapshot
+CRASH_WAIT_S = 10.0  # how long a crash's evidence waits for its own start's snapshot
 _RECENT_STARTS = 64  # starts remembered by invocation, across all units
 MAX_START_AGE_S = 300.0  # an older start (a journal read from its head) is not snapshotted now
 
