@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "supervisor"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor", "supervisor.model", "supervisor.errors", "supervisor.util"),
     ("supervisor.config",),
+    ("supervisor.migrations",),
     ("supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),
     ("supervisor.journal",),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 from conftest import poll
-from notify_fakes import FakeClock, make_outcome, running
+from notify_fakes import FakeClock, make_outcome, running, slack_outbox
 from slack_server import SECRET, Reply, SlackServer
 
 from vllm_supervisor.config import Secret, SlackConfig
@@ -225,7 +225,7 @@ def _outbox(
     store = Store(path)
     slack = SlackConfig(**config)  # type: ignore[arg-type]
     hook = SlackWebhook(Secret(url), timeout_s=5)
-    outbox = Outbox(
+    outbox = slack_outbox(
         store, hook, registry_metrics, slack, host="gpu-7", now=clock.now, sleep=clock.sleep
     )
     return store, outbox
@@ -242,7 +242,7 @@ def _queue(store: Store, outbox: Outbox, outcome=None, cursor: str = "c1") -> No
 
 def _count(metrics: Metrics, outcome: str) -> float:
     value = metrics.registry.get_sample_value(
-        "vllm_supervisor_notifications_total", {"outcome": outcome}
+        "vllm_supervisor_notifications_total", {"sink": "slack", "outcome": outcome}
     )
     return value or 0.0
 
