@@ -72,7 +72,7 @@ class TestPayload:
     def test_dry_run_says_no_action(self) -> None:
         """In dry-run the action says nothing was done and offers no release command."""
         payload = build_payload(make_outcome(dry_run=True), host="h")
-        assert any("Dry run: no action taken" in t for t in _texts(payload))
+        assert any("a dry run: no action taken" in t for t in _texts(payload))
         assert "release" not in json.dumps(payload)
 
     def test_each_thing_done_has_its_line(self) -> None:

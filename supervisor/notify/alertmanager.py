@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import AlertmanagerConfig, Config
 from ..errors import NotifyError
+from ..story import NO_ROOT_CAUSE
 from ..telemetry.http import SinkState
 from ..util.urls import redact, url_problem
 from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
@@ -56,7 +57,7 @@ def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
         "summary": f"{unit} on {host} is halted: {record.get('title') or 'a fatal crash'}",
         "signature": str(record.get("signature") or "unknown"),
         "crash_severity": str(record.get("severity") or "unknown"),
-        "root_cause": str(record.get("root_cause") or "no root-cause line found"),
+        "root_cause": str(record.get("root_cause") or NO_ROOT_CAUSE),
         "remediation": str(record.get("remediation") or ""),
         "release": f"vllm-supervisor release {unit}",
         "invocation_id": str(record.get("invocation_id") or ""),
