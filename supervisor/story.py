@@ -20,20 +20,21 @@ DONE: dict[str, str] = {
     Taken.HALTED.value: "systemd will not restart it",
     Taken.QUARANTINED.value: "its gate refuses the next start, but systemd was not told",
     Taken.HALT_FAILED.value: "the quarantine could not be written; systemd may start it again",
-    Taken.WOULD_HALT.value: "a dry run: no action taken",
+    Taken.WOULD_HALT.value: "no action taken, it would have been halted",
     Taken.RESTARTING.value: "systemd restarts it",
     Taken.RESTARTED.value: "restarted by the supervisor (systemd would not have)",
     Taken.RESTART_FAILED.value: "the restart failed; the server stays down",
     Taken.DOWN.value: "it crashed and nothing restarts it",
-    Taken.RECORDED.value: "read late: recorded only, it is not the unit's present run",
+    Taken.RECORDED.value: "read late: recorded only, no action taken "
+    "(it is not the unit's present run)",
     Taken.OBSERVED.value: "no action taken",
 }
 
-# The `Taken` a decision leads to when carried out as decided.
-_LEADS_TO: dict[str, str] = {
-    Action.HALT.value: Taken.HALTED.value,
-    Action.ALLOW_RESTART.value: Taken.RESTARTING.value,
-    Action.OBSERVE.value: Taken.OBSERVED.value,
+# What a decision leads to when carried out as decided (a dry run's halt included).
+_LEADS_TO: dict[str, frozenset[str]] = {
+    Action.HALT.value: frozenset({Taken.HALTED.value, Taken.WOULD_HALT.value}),
+    Action.ALLOW_RESTART.value: frozenset({Taken.RESTARTING.value}),
+    Action.OBSERVE.value: frozenset({Taken.OBSERVED.value}),
 }
 
 
@@ -48,7 +49,7 @@ def told(action: str | None, taken: str | None) -> str:
     if taken is None:
         return decided(action)
     sentence = DONE.get(taken, "")
-    said = taken if _LEADS_TO.get(action or "") == taken else f"{shown(action)} → {taken}"
+    said = taken if taken in _LEADS_TO.get(action or "", ()) else f"{shown(action)} → {taken}"
     return f"{said}: {sentence}" if sentence else said
 
 

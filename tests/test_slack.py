@@ -26,6 +26,7 @@ from vllm_supervisor.notify.message import (
 from vllm_supervisor.notify.outbox import Outbox
 from vllm_supervisor.notify.webhook import SlackRateLimited, SlackWebhook
 from vllm_supervisor.store import Checkpoint, Store
+from vllm_supervisor.story import told
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 
@@ -72,7 +73,7 @@ class TestPayload:
     def test_dry_run_says_no_action(self) -> None:
         """In dry-run the action says nothing was done and offers no release command."""
         payload = build_payload(make_outcome(dry_run=True), host="h")
-        assert any("a dry run: no action taken" in t for t in _texts(payload))
+        assert any(told("halt", "dry-run") in t for t in _texts(payload))
         assert "release" not in json.dumps(payload)
 
     def test_each_thing_done_has_its_line(self) -> None:

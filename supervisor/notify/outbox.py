@@ -170,7 +170,8 @@ class Outbox:
     def _telling(self, outcome: Outcome) -> NotifyReason:
         return telling(
             outcome,
-            endpoint=self.sink.state().state != "off",
+            # Off or unusable: new crashes are not queued (those queued before wait for a fix).
+            endpoint=self.sink.state().state == "on",
             notify_transient=self._config.notify_transient,
         )
 
@@ -237,11 +238,6 @@ class Outbox:
         """The sink's own state; while on, the error of the last failed attempt."""
         state = self.sink.state()
         return SinkState("on", self._last_error) if state.state == "on" else state
-
-    @property
-    def last_error(self) -> str | None:
-        """Why the last attempt failed (no URL in it); None once one succeeds."""
-        return self._last_error
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: unhealthy on a backlog, repeated failures or a stuck queue."""

@@ -148,8 +148,8 @@ class Sink(Protocol[S_contra, P]):
     def pacing(self) -> Pacing: ...
 
     def state(self) -> SinkState:
-        """ "on"; "off" (nothing configured: crashes are not queued for it); "invalid_url"
-        (configured but unusable: its messages wait for a fix), with why."""
+        """On; off (nothing configured) or invalid_url (configured but unusable), with why:
+        either way new crashes are not queued for it, and those queued before wait."""
         ...
 
     def render(self, subject: S_contra) -> P:
