@@ -4,12 +4,14 @@ names upgrades in place and delivers what it still held."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from conftest import poll
 from notify_fakes import make_outcome, running
 from slack_server import SlackServer
@@ -167,3 +169,27 @@ def test_every_sink_module_is_a_plug_in_built_off_when_not_configured(tmp_path: 
     assert states["slack"] == "off"
     assert states["alertmanager"] == "off"
     assert notify.edge("slack") is not None
+
+
+async def test_a_sink_that_is_off_sends_nothing_and_says_nothing(tmp_path: Path) -> None:
+    """Alertmanager without a URL and a unit halted: a round reads nothing, sends nothing and
+    logs nothing, and its loop only waits to be stopped."""
+    store = Store(tmp_path / "state.db")
+    read: list[str] = []
+
+    def quarantined() -> dict[str, dict[str, str]]:
+        read.append("read")
+        return {"vllm.service": {"signature": "x"}}
+
+    notify = build_notifications(
+        Config(), store=store, metrics=Metrics(new_registry(process=False)), quarantined=quarantined
+    )
+    (level,) = notify.levels
+    with structlog.testing.capture_logs() as logs:
+        assert await level.reconcile() is True
+        stop = asyncio.Event()
+        task = asyncio.create_task(level.run(stop))
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+    assert (logs, read) == ([], [])
+    assert store.query("SELECT count(*) FROM incident") == [(0,)]

@@ -85,19 +85,22 @@ class LevelLoop:
         pacing = self.sink.pacing
         retry = Backoff(_RETRY_BASE_S, max(_RETRY_BASE_S, pacing.backoff_max_s))
         failures = 0
-        if (problem := self.sink.state()).state == "invalid_url":
-            self._stop(problem.last_error or "unusable")
-        while not stop.is_set() and self._unusable is None:
+        state = self.sink.state()
+        if state.state == "invalid_url":
+            self._stop(state.last_error or "unusable")
+        while not stop.is_set() and self._unusable is None and state.state == "on":
             self._wake.clear()
             ok = await self.reconcile()
             failures = 0 if ok else failures + 1
             wait = pacing.resend_s if ok else retry.delay(failures)
             await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
-        await stop.wait()  # unusable: the daemon goes on without this sink
+        await stop.wait()  # off or unusable: the daemon goes on without this sink
 
     async def reconcile(self) -> bool:
         """One round. True: wait `resend_s` (taken, or dropped for good); False: retry after a
         backoff."""
+        if self.sink.state().state != "on":
+            return True  # off: nothing is said, the quarantine is not even read
         try:
             incidents = Incidents(open=self._quarantined(), sent=self._sent(), now=self._clock())
         except (OSError, StateError) as exc:
