@@ -100,6 +100,7 @@ def test_preflight_says_each_failure_once_and_names_the_unit(tmp_path: Path, ven
     assert text.count("FAIL flashinfer_cubin_mismatch") == 1, text
     assert "release UNIT" not in text
     assert f"vllm-supervisor release {UNIT}" in text
+    assert "preflight vllm.service: 1 failed" in text
 
 
 _TEXT = st.text(st.characters(blacklist_characters="N", codec="utf-8"), max_size=40)
