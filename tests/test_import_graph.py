@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "supervisor"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor", "supervisor.model", "supervisor.errors", "supervisor.util"),
     ("supervisor.story",),
+    ("supervisor.engines",),
     ("supervisor.config",),
     ("supervisor.migrations",),
     ("supervisor.store", "supervisor.telemetry"),
