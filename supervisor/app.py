@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import socket
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
-from .config import Config, parse_listen, resolve_webhook
+from .config import Config, parse_listen
 from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
@@ -52,8 +51,8 @@ from .loop.gates import GateService
 from .loop.reload import PartReload, Reloader
 from .loop.replay import Replay
 from .loop.settle import Settler
-from .notify.alertmanager import AlertmanagerSink
-from .notify.outbox import Outbox
+from .notify.fanout import Notifications, build_notifications
+from .notify.slack import SlackSink
 from .notify.webhook_reload import SlackReload, credential_source
 from .pipeline import Pipeline
 from .seams import (
@@ -68,7 +67,6 @@ from .store import Checkpoint, Store
 from .telemetry.http import (
     HealthCheck,
     MetricsServer,
-    SinkState,
     combine_health,
     following_check,
     sinks_check,
@@ -119,14 +117,12 @@ async def _run(
     names = RealNames(control if config.journal.directory is None else None)
     config = await names.resolve(config)
     notifier = Notifier()
-    outbox = Outbox(store, None, metrics, config.slack, host=socket.gethostname())
-    # The webhook, and at each reload the one its source names then (notify.webhook_reload).
-    slack = SlackReload(
-        outbox,
-        resolve_webhook(config.slack),
-        timeout_s=config.slack.timeout_s,
-        credential_source=credential_source(control) if control else None,
+    # Every sink (notify.fanout), one notifier; Slack's webhook at each reload is the one its
+    # source names then (notify.webhook_reload).
+    notify = build_notifications(
+        config, store=store, metrics=metrics, quarantined=lambda: quarantine_records(config)
     )
+    slack = _slack_reload(notify, config, control)
     halter = Halter(
         Quarantine(quarantine_dir(config)),
         control,
@@ -172,17 +168,6 @@ async def _run(
         machine_id=supervised_machine_id(config),
         unit_uid=control.unit_uid if control is not None else None,
     )
-    sinks: list[AlertmanagerSink] = []
-    if config.alertmanager.url is not None:
-        sinks.append(
-            AlertmanagerSink(
-                config.alertmanager,
-                store,
-                lambda: quarantine_records(config),
-                host=socket.gethostname(),
-                metrics=metrics,
-            )
-        )
     reader = journal_reader(config, store.load_checkpoint(), metrics)
     daemon = compose_daemon(
         config,
@@ -191,21 +176,20 @@ async def _run(
         store=store,
         metrics=metrics,
         actor=actor,
-        notifier=outbox,
+        notifier=notify,
         reporter=notifier,
         load_config=reload_config,
         hooks=[hangs, recorder, ports],
         tasks=[
             recorder.run,
             _watchdog(notifier),
-            *(s.run for s in sinks),
             *(w.run for w in watches),
             installed.run,
         ],
-        wakers=[s.wake for s in sinks],
+        wakers=[notify.wake],
         sources=[hangs],
         names=names,
-        reloaders=[slack.reload],
+        reloaders=[slack.reload] if slack is not None else [],
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),
@@ -224,23 +208,13 @@ async def _run(
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)
 
-    def slack_state() -> SinkState:
-        if slack.webhook is None:
-            return SinkState("off", "no webhook URL configured")
-        if slack.webhook.problem is not None:
-            return SinkState("invalid_url", f"the webhook URL {slack.webhook.problem}")
-        return SinkState("on", outbox.last_error)
-
-    def alertmanager_state() -> SinkState:
-        return sinks[0].state() if sinks else SinkState("off", "no alertmanager.url")
-
     server = MetricsServer(
         metrics,
         combine_health(
             following_check(metrics),
             _state_health(daemon),
-            outbox.health,
-            sinks_check({"slack": slack_state, "alertmanager": alertmanager_state}),
+            notify.health,
+            sinks_check(notify.states()),
         ),
         before_scrape=before_scrape,
     )
@@ -249,7 +223,7 @@ async def _run(
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
-        closing = [gates.close(), server.close(), systemd.close(), slack.aclose()]
+        closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
         store.close()
 
@@ -437,6 +411,21 @@ class DaemonLock:
         if self._fd is not None:
             os.close(self._fd)  # releases the lock
             self._fd = None
+
+
+def _slack_reload(
+    notify: Notifications, config: Config, control: SystemdClient | None
+) -> SlackReload | None:
+    """What applies a rewritten webhook URL at a reload, to the Slack sink and its lane."""
+    lane = notify.edge("slack")
+    if lane is None or not isinstance(lane.sink, SlackSink):
+        return None
+    return SlackReload(
+        lane.sink,
+        changed=lane.reset,
+        timeout_s=config.slack.timeout_s,
+        credential_source=credential_source(control) if control else None,
+    )
 
 
 def _state_health(daemon: Daemon) -> HealthCheck:

@@ -96,7 +96,7 @@ class OutcomeSource(Protocol):
 
 
 class Notifying(Protocol):
-    """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
+    """Queues and delivers notifications to every sink (supervisor.notify.fanout.Notifications)."""
 
     def writer_for(self, outcome: Outcome) -> Writer: ...
 

@@ -1,5 +1,7 @@
 """The state database (SQLite): journal checkpoint, policy state, crash history, outbox.
 
+Its schema is versioned (supervisor.migrations): opening a database upgrades it.
+
 Everything one handled batch changes is committed in **one transaction**: the new cursor and
 the invocations it ended (each pending, to be decided). A crash of the supervisor at any point
 therefore either keeps all of a batch or none of it, and the batch is read again from the
@@ -25,33 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StateError
+from .migrations import migrate
 from .model import Ended, Outcome
 from .records import Pending, ended_record, outcome_record, pending_from_record
 from .util.files import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS unit_state (unit TEXT PRIMARY KEY, state TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY,
-    unit TEXT,
-    invocation_id TEXT,
-    time REAL NOT NULL,
-    outcome TEXT NOT NULL,
-    notified INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (unit, invocation_id)
-);
--- Ended and not yet decided, or decided and not yet carried out (supervisor.records).
-CREATE TABLE IF NOT EXISTS pending_action (
-    id INTEGER PRIMARY KEY,
-    unit TEXT,
-    key TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    UNIQUE (unit, key)
-);
-"""
 
 Writer = Callable[[sqlite3.Connection], None]
 """Extra work to run inside a batch's transaction (e.g. queueing notifications)."""
@@ -90,7 +71,7 @@ class Store:
             self.connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed cursor survives power loss, not only a crash of the process.
             self.connection.execute("PRAGMA synchronous=FULL")
-            self.connection.executescript(_SCHEMA)
+            migrate(self.connection, path)
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot open the state database: {exc}") from exc
         except OSError as exc:

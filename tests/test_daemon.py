@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 import structlog.testing
 from conftest import poll
+from notify_fakes import slack_outbox
 from slack_server import Reply, SlackServer
 
 from vllm_supervisor.actions.actor import Actor
@@ -188,7 +189,7 @@ def _with_slack(
     """A daemon without systemd whose outbox posts to the loopback Slack `server`."""
     metrics = Metrics(new_registry(process=False))
     hook = SlackWebhook(Secret(server.url), timeout_s=slack.timeout_s)
-    outbox = Outbox(store, hook, metrics, slack, host="h")
+    outbox = slack_outbox(store, hook, metrics, slack, host="h")
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
     daemon = compose_daemon(
         config,
