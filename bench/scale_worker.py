@@ -86,6 +86,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
             metrics=MetricsConfig(enabled=False),
             systemd=SystemdConfig(enabled=False),
         )
+        last = _last_cursor(spec["journal"])
         stop = asyncio.Event()
         cpu0 = _cpu_s()
         started = time.monotonic()
@@ -93,7 +94,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         await was_built.wait()
         daemon = built[0]
         deadline = started + spec["timeout_s"]
-        caught_up = await _caught_up(daemon, deadline)
+        caught_up = await _caught_up(daemon, deadline, last)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided_all.wait(), max(0.0, deadline - time.monotonic()))
         status = _status()
@@ -119,14 +120,33 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _caught_up(daemon: Any, deadline: float) -> float | None:
-    """When the reader child answered a sync request (the journal read to its end), or None."""
+async def _caught_up(daemon: Any, deadline: float, last: str | None) -> float | None:
+    """When the reader child answered a sync request (the journal read to its end), or None.
+    The journalctl child takes no requests: then when the reader's checkpoint reached `last`,
+    the journal's last entry (polled: 50 ms at most late)."""
     while time.monotonic() < deadline:
-        if daemon.reader.following.is_set() and await daemon.reader.sync(
+        if not daemon.reader.can_sync:
+            if last is None or daemon.reader.cursor == last:
+                return time.monotonic()
+        elif daemon.reader.following.is_set() and await daemon.reader.sync(
             max(0.1, deadline - time.monotonic())
         ):
             return time.monotonic()
         await asyncio.sleep(0.05)  # no child yet (restarting): look again, with a deadline
+    return None
+
+
+def _last_cursor(directory: str) -> str | None:
+    """The cursor of the journal's last entry (journalctl, before the clock starts)."""
+    out = subprocess.run(
+        ["journalctl", f"--directory={directory}", "--lines=1", "--output=export",
+         "--output-fields=MESSAGE_ID", "--no-pager", "--quiet"],
+        capture_output=True,
+        check=True,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        if line.startswith(b"__CURSOR="):
+            return line.split(b"=", 1)[1].decode()
     return None
 
 
