@@ -62,7 +62,7 @@ HALT_FAILED_REASONS = (
 STATE_ERROR_REASONS = ("commit_failed", "read", "write", "other")
 SNAPSHOT_OUTCOMES = ("recorded", "failed", "no_interpreter")
 """Values of the `outcome` label of `vllm_supervisor_environment_snapshots_total`."""
-MAX_UNITS = 64  # a unit seen in the journal but never registered is accepted up to this many
+MAX_UNITS = 64  # units seen in the journal but never configured get a label up to this many
 
 # A code-defined reason: short snake_case. Everything else is folded into "other".
 _REASON = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -87,6 +87,7 @@ class Metrics:
         self._now = now
         self._units: set[str] = set()  # the units whose series exist
         self._supervised: set[str] = set()
+        self._supervised_labelled = 0  # of `_units`, those configured (not under MAX_UNITS)
         self._signatures: set[str] = set()
         self._severities: dict[str, str] = {}
         self.is_following = False
@@ -242,7 +243,10 @@ class Metrics:
             return UNKNOWN
         if unit in self._units:
             return unit
-        if _UNIT.match(unit) and len(self._units) < MAX_UNITS:
+        if unit in self._supervised:
+            self._init_unit(unit)  # configured: bounded by the config, never capped
+            return unit
+        if _UNIT.match(unit) and len(self._units) - self._supervised_labelled < MAX_UNITS:
             self._init_unit(unit)
             return unit
         return OTHER
@@ -262,6 +266,8 @@ class Metrics:
         return reason if reason in known or _REASON.match(reason) else OTHER
 
     def _init_unit(self, unit: str) -> None:
+        if unit not in self._units and unit in self._supervised:
+            self._supervised_labelled += 1
         self._units.add(unit)
         self._crashes.labels(unit, UNKNOWN, Severity.UNKNOWN.value)
         for signature, severity in self._severities.items():
@@ -290,6 +296,7 @@ class Metrics:
     def register_units(self, units: Iterable[str]) -> None:
         """Remember the supervised units; their series come with `unit_loaded` or a report."""
         self._supervised = {unit for unit in units if _UNIT.match(unit)}
+        self._supervised_labelled = len(self._units & self._supervised)
 
     def unit_loaded(self, unit: str, loaded: bool | None) -> None:
         """What systemd says of a supervised unit: it has it (True), it has no such unit
