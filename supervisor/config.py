@@ -27,6 +27,9 @@ DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
 WEBHOOK_ENV = "VLLM_SUPERVISOR_SLACK_WEBHOOK_URL"
 WEBHOOK_CREDENTIAL = "slack-webhook"
 
+# systemd's longest unit name (UNIT_NAME_MAX is 256 with the NUL); the reader child, which
+# takes the names on its stdin, refuses one over 4 KiB and would be restarted forever.
+UNIT_NAME_MAX = 255
 # systemd unit names: "name.type" with an optional "@instance" (systemd.unit(5)).
 _UNIT_NAME = re.compile(
     r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\."
@@ -298,6 +301,11 @@ def validate(config: Config) -> Config:
         if not _UNIT_NAME.match(name):
             raise ConfigError(
                 f"unit[{index}].name: {name!r} is not a systemd unit name (e.g. 'vllm.service')"
+            )
+        if len(name) > UNIT_NAME_MAX:
+            raise ConfigError(
+                f"unit[{index}].name: {name[:40]!r}... is longer than systemd's {UNIT_NAME_MAX}"
+                " characters"
             )
         if names.count(name) > 1:
             raise ConfigError(f"unit[{index}].name: {name!r} is listed twice")
