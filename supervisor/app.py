@@ -195,6 +195,7 @@ async def _run(
 
     refresh_halted()
     metrics.reader_memory(lambda: daemon.reader.memory_bytes())
+    metrics.reader_failures(lambda: daemon.reader.failures)
 
     def slack_state() -> SinkState:
         if slack.webhook is None:

@@ -41,6 +41,4 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
     assert all(row["us_per_line"] > 0 for row in result["tracker"]["rows"].values())
     tables = result["table"]["rows"]
     assert [row["signatures"] for row in tables.values()] == [135, 1000]
-    assert {row["runs"][0]["signature"] for row in tables.values()} == {
-        "flashinfer_cubin_mismatch"
-    }
+    assert {row["runs"][0]["signature"] for row in tables.values()} == {"flashinfer_cubin_mismatch"}

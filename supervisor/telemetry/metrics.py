@@ -132,6 +132,11 @@ class Metrics:
             "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
             "oldest entry after it.",
         )
+        self._reader_failures = self._gauge(
+            "journal_reader_failures",
+            "Starts of the journal reader child in a row that failed (0 once it hands over "
+            "entries), read at each scrape: 3 or more and nothing is read or decided.",
+        )
         self._reader_memory = self._gauge(
             "journal_reader_memory_bytes",
             "Resident memory of the journal reader child (its VmRSS), read at each scrape; "
@@ -323,6 +328,10 @@ class Metrics:
         self._sig_count.set(len(ids))
         for unit in list(self._units):
             self._init_unit(unit)
+
+    def reader_failures(self, failures: Callable[[], int]) -> None:
+        """Read the reader's failed starts in a row with `failures` at each scrape."""
+        self._reader_failures.set_function(lambda: float(failures()))
 
     def reader_memory(self, resident_bytes: Callable[[], int | None]) -> None:
         """Read the journal reader child's memory with `resident_bytes` at each scrape."""
