@@ -32,6 +32,8 @@ from .config import Config, parse_listen, resolve_webhook
 from .daemon import Daemon, supervised_machine_id
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
+from .engines.profiles import install as install_engines
+from .engines.profiles import load_engines
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
 from .errors import StateError
@@ -76,6 +78,7 @@ async def _run(
     config: Config, stop: asyncio.Event, reload: asyncio.Event, reload_config: Callable[[], Config]
 ) -> None:
     table = load_table(config)
+    install_engines(load_engines())  # at each reload too, with the table (daemon.py)
     store, corrupt = Store.recover_in_directory(config.state.state_dir)
     if corrupt is not None:
         log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")

@@ -93,7 +93,7 @@ UNIT_HELP = "the systemd unit, e.g. vllm.service (an alias is taken for its unit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """All subcommands and their flags (the CLI contract of DESIGN.md §4)."""
+    """All subcommands and their flags (the CLI contract of docs/DESIGN.md §4)."""
     parser = _Parser(
         prog="vllm-supervisor",
         description="Halt systemd restart loops of LLM inference servers on deterministic crashes.",
@@ -339,12 +339,15 @@ def cmd_triage(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """`check-config`: load the config and its signature table, report what was found."""
+    """`check-config`: load the config, its signature table and the engine files, report what
+    was found (as ExecReload=, a file the reload would refuse fails it here)."""
     from .classify.table import load_table
     from .config import check_webhook
+    from .engines.profiles import load_engines
 
     config = load_config(args.path or config_path(argparse.Namespace()))
     table = load_table(config)
+    engines = load_engines()
     # As the daemon's ExecReload= it runs as the daemon's user: what that user may not read
     # (the webhook's credential file, a unit directory) is a warning, not a refused reload.
     try:
@@ -352,7 +355,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"warning: the webhook URL was not checked: {exc.strerror}", file=sys.stderr)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
-    print(f"config ok: units: {units}; {len(table.signatures)} signatures")
+    print(
+        f"config ok: units: {units}; {len(table.signatures)} signatures; engines: "
+        f"{', '.join(engines.ids)}"
+    )
     from .commands.setup import alias_note, ask_systemd, missing_drop_ins
 
     # Where systemd cannot be asked (no bus here), names are checked as configured.

@@ -32,6 +32,8 @@ from .actions.unitnames import RealNames
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
 from .config import Config, restart_only_changes
+from .engines.profiles import Engines, load_engines
+from .engines.profiles import install as install_engines
 from .errors import StateError, SupervisorError
 from .journal.reader import (
     JournalctlReader,
@@ -688,6 +690,7 @@ class Daemon:
                     config = await self.names.resolve(loaded[0])  # asks systemd: not locked
                     pending = await self._reload_parts(config)
                     async with self.lock:
+                        install_engines(loaded[2])
                         self._apply(config, loaded[1], pending)
 
     async def _reload_parts(self, config: Config) -> list[str]:
@@ -701,13 +704,14 @@ class Daemon:
                 pending.append(f"{_name_of(reloader)} (failed: {type(exc).__name__}: {exc})")
         return pending
 
-    def _load_new(self) -> tuple[Config, SignatureTable] | None:
-        """The config and table on disk now; None (logged) when they do not load."""
+    def _load_new(self) -> tuple[Config, SignatureTable, Engines] | None:
+        """The config, table and engine files on disk now; None (logged) when one does not
+        load: then the running ones all stay in force."""
         if self._load_config is None:
             return None
         try:
             config = self._load_config()
-            return config, load_table(config)
+            return config, load_table(config), load_engines()
         except Exception as exc:  # a reload may refuse a config, never end the daemon
             error = str(exc) if isinstance(exc, SupervisorError) else repr(exc)
             self.metrics.signature_table([s.id for s in self.pipeline.table.signatures], False)

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "supervisor"
 # Lowest first. A prefix names a folder (every module in it) or a single module.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor", "supervisor.model", "supervisor.errors", "supervisor.util"),
+    ("supervisor.engines",),
     ("supervisor.config",),
     ("supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),

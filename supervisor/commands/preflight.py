@@ -31,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 from ..actions.quarantine import Quarantine, quarantine_dirs
 from ..actions.systemd import ask_once
 from ..config import DriftConfig
+from ..engines.profiles import Engines, follow
 from ..environment.execstart import interpreter_from_exec_start, serving_port
 from ..environment.log import EnvironmentLog
 from ..environment.ports import holders
@@ -113,8 +114,18 @@ DEFAULT_FAMILIES: tuple[Family, ...] = (
         ),
     ),
 )
-# The served packages whose declared requirements are checked, when installed.
-SERVED_PACKAGES: tuple[str, ...] = ("vllm", "sglang", "text-generation-server")
+# The served packages whose declared requirements are checked, when installed: the engine
+# files' packages.
+SERVED_PACKAGES: tuple[str, ...]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The packages of the engine files in force (profiles.follow)."""
+    global SERVED_PACKAGES
+    SERVED_PACKAGES = engines.packages
+
+
+follow(_use_engines)
 # Ids the signature table may use for a check; the first one it has wins.
 PORT_SIGNATURES: tuple[str, ...] = ("port_in_use", "address_in_use", "eaddrinuse")
 REQUIREMENT_SIGNATURES: tuple[str, ...] = ("requirement_unsatisfied", "dependency_conflict")
