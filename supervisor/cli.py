@@ -28,6 +28,7 @@ from .config import (
     with_units,
 )
 from .errors import SupervisorError
+from .story import NO_ROOT_CAUSE, shown, told
 from .telemetry.logs import configure_logging
 from .util.text import for_terminal, visible
 
@@ -426,9 +427,10 @@ def _history_text(item: dict[str, Any]) -> str:
     text = (
         f"{_shown(item.get('time'))}  {_shown(item.get('unit'))}  "
         f"{_shown(item.get('invocation_id') or '-')}  {_shown(verdict.get('severity')):9} "
-        f"{_shown(verdict.get('signature') or '-'):32} {_shown(decision.get('action')):13} "
+        f"{_shown(verdict.get('signature') or '-'):32} "
         f"notified={item.get('notified')}{'  engine hung' if item.get('hung') else ''}\n"
-        f"    {_shown(verdict.get('root_cause'))}\n"
+        f"    {_shown(told(_text(decision.get('action')), _text(item.get('taken'))))}\n"
+        f"    {_shown(verdict.get('root_cause') or NO_ROOT_CAUSE)}\n"
     )
     drift = item.get("drift")
     if isinstance(drift, list) and drift:
@@ -437,7 +439,11 @@ def _history_text(item: dict[str, Any]) -> str:
 
 
 def _shown(value: object) -> str:
-    return visible(str(value))
+    return visible(shown(value))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _mapping(value: object) -> dict[str, Any]:
