@@ -207,6 +207,7 @@ async def _run(
 
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)
+    metrics.reader_failures(lambda: reader.failures)
 
     server = MetricsServer(
         metrics,
