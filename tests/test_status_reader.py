@@ -55,7 +55,16 @@ def test_a_reader_that_keeps_failing_is_an_error_in_status(tmp_path: Path) -> No
             return (report.get("daemon", {}).get("reader_restarts") or 0) >= 3
 
         wait_for(failing, timeout=60, what="three reader restarts")
-        code, text = status(config)
+        said: list[tuple[int, str]] = []
+
+        def down() -> bool:
+            # Each restart announces "following" from its spawn until the child exits: a
+            # status read in those milliseconds sees a healthy daemon (the next one does not).
+            said.append(status(config))
+            return said[-1][0] == EXIT_DAEMON_DOWN
+
+        wait_for(down, timeout=30, what="status saying the daemon is down")
+        code, text = said[-1]
         exposition = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
     finally:
         sup.stop_quietly()
