@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import poll
+from conftest import poll, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -177,6 +177,10 @@ async def test_entries_written_while_it_catches_up_arrive_once(
                 writer.write([entry("line", "a.service" if n % 10 == 0 else OTHER, n)])
                 if n % 100 == 0:
                     writer.nudge()
+            # journal-remote writes what the pipe holds when it gets to it: the reader is asked
+            # to sync only once the file holds the last entry.
+            wait_for(lambda: len(journal_entries(journal_dir)) == 22_000, timeout=60)
+            writer.nudge()
 
         writing = threading.Thread(target=write_more)
         reader = reader_for(journal_dir, units, None, [])
@@ -291,6 +295,10 @@ async def test_the_journalctl_reader_catches_up_while_entries_are_written(
                 writer.write([entry("line", "a.service" if n % 10 == 0 else OTHER, n)])
                 if n % 100 == 0:
                     writer.nudge()
+            # journal-remote writes what the pipe holds when it gets to it: the reader is asked
+            # to sync only once the file holds the last entry.
+            wait_for(lambda: len(journal_entries(journal_dir)) == 22_000, timeout=60)
+            writer.nudge()
 
         writing = threading.Thread(target=write_more)
         reader = reader_for(journal_dir, SUPERVISED, None, [], source="journalctl")
