@@ -4,9 +4,9 @@ Vector's Checkpointer and Finalizer split, with SQLite's transaction as the fina
 loop notes each batch's decisions together with the position that covers them (`decided`,
 synchronously, so no other task sees a cursor past decisions not yet noted), each lane notes
 what its actions did (`taken`), and `commit` writes everything noted so far in one transaction
-(supervisor.store). Commits run one at a time, in a worker thread (SQLite's fsync on a slow disk
-must not stall the gates or the watchdog); whoever waits for the running one finds its own
-notes committed by the next: group commit.
+(supervisor.store). Commits run one at a time, in the state writer's thread (SQLite's fsync on a
+slow disk must not stall the gates or the watchdog); whoever waits for the running one finds its
+own notes committed by the next: group commit.
 
 A batch that decided nothing leaves its cursor to a quiet checkpoint at most
 `checkpoint_interval_s` later (`run_quiet`). A failed commit (disk full) keeps every note and
@@ -105,8 +105,7 @@ class Checkpointer:
         decisions, pending, position = list(self.decisions), list(self.pending), self.position
         writers = [self.notifier.writer_for(o) for o in pending] if self.notifier else []
         try:
-            await asyncio.to_thread(
-                self.store.commit_batch,
+            await self.store.acommit_batch(
                 checkpoint=position.checkpoint,
                 decided=decisions,
                 outcomes=pending,
