@@ -57,7 +57,6 @@ from .notify.webhook_reload import SlackReload, credential_source
 from .pipeline import Pipeline
 from .seams import (
     BatchHook,
-    DriftLookup,
     JournalSource,
     Notifying,
     OutcomeSource,
@@ -190,7 +189,6 @@ async def _run(
         ],
         wakers=[notify.wake],
         sources=[hangs],
-        drift=recorder.changes,
         names=names,
         reloaders=[slack.reload] if slack is not None else [],
     )
@@ -245,7 +243,6 @@ def compose_daemon(
     hooks: Sequence[BatchHook] = (),
     tasks: Sequence[Task] = (),
     sources: Sequence[OutcomeSource] = (),
-    drift: DriftLookup | None = None,
     wakers: Sequence[Callable[[], None]] = (),
     names: RealNames | None = None,
     reloaders: Sequence[PartReload] = (),
@@ -260,7 +257,6 @@ def compose_daemon(
         policy_state=store.load_unit_states(),
         observer=metrics.outcome,
         on_skip=lambda: metrics.entry_invalid("pipeline_error"),
-        drift=drift,
     )
     reader = reader or journal_reader(config, checkpoint, metrics)
     names = names or RealNames(None)
@@ -439,6 +435,7 @@ def _state_health(daemon: Daemon) -> HealthCheck:
     def check() -> tuple[bool, dict[str, Any]]:
         checkpointer = daemon.checkpointer
         pending = len(checkpointer.pending) + len(checkpointer.decisions)
+        pending += len(checkpointer.undecided)
         error = checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:

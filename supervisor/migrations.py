@@ -73,9 +73,10 @@ INSERT INTO incident (sink, unit, identity) SELECT 'alertmanager', unit, labels 
 DROP TABLE alert_firing;
 """
 
-# 3: an action decided in a batch and not yet carried out, the outcome as supervisor.records
-# writes it (the daemon carries it out at its next start). `IF NOT EXISTS`: a database of the
-# one build that made this table before the schema had versions says 1 or 0 and has it.
+# 3: an invocation ended and not yet decided, or an action decided and not yet carried out, as
+# supervisor.records writes them (the daemon decides or carries it out at its next start).
+# `IF NOT EXISTS`: a database of the one build that made this table before the schema had
+# versions says 1 or 0 and has it.
 _V3 = """
 CREATE TABLE IF NOT EXISTS pending_action (
     id INTEGER PRIMARY KEY,

@@ -6,13 +6,15 @@ writer's thread, awaited by the loop (`acommit_batch`, `write`) or, off the loop
 (`commit_batch`, `write_blocking`). Reads use a second connection (supervisor.state.reader).
 Each table has one repository, registered with the writer (`register`).
 
-Everything one handled batch changes is committed in **one transaction**: the new cursor, the
-invocations it decided (each an action pending) and the policy's per-unit memory. A crash of the
-supervisor at any point therefore either keeps all of a batch or none of it, and the batch is
-read again from the previous cursor: every entry is handled exactly once. An action is carried
-out after its batch; what it did (`taken`) is committed with the invocation's history and the
-notifications it queued, in one transaction that also clears the pending action. A supervisor
-that dies in between finds the action pending at its next start (`pending_actions`).
+Everything one handled batch changes is committed in **one transaction**: the new cursor and
+the invocations it ended (each pending, to be decided). A crash of the supervisor at any point
+therefore either keeps all of a batch or none of it, and the batch is read again from the
+previous cursor: every entry is handled exactly once. An invocation is decided after its batch,
+in its unit's lane (the pending record becomes the decision, committed with the policy's
+per-unit memory), then acted on; what was done (`taken`) is committed with the invocation's
+history and the notifications it queued, in one transaction that also clears the pending
+record. A supervisor that dies in between finds it pending at its next start
+(`pending_actions`): to be decided, or to be acted on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any, TypeVar
 
 from .errors import StateError
 from .migrations import migrate
-from .model import Outcome
+from .model import Ended, Outcome
+from .records import Pending
 from .state.reader import StateReader
 from .state.tables import STORE_TABLES, Checkpoint, History, Meta, PendingActions, UnitStates
 from .state.writer import Repository, StateWriter, Work
@@ -208,9 +211,12 @@ class Store:
         extra: Sequence[Writer] = (),
         now: Callable[[], float] = time.time,
         decided: Sequence[Outcome] = (),
+        ended: Sequence[Ended] = (),
     ) -> None:
         """`acommit_batch`, waited for (off the loop)."""
-        self.write_blocking(_batch(checkpoint, outcomes, unit_states or {}, extra, now, decided))
+        self.write_blocking(
+            _batch(checkpoint, outcomes, unit_states or {}, extra, now, decided, ended)
+        )
 
     async def acommit_batch(
         self,
@@ -221,15 +227,21 @@ class Store:
         extra: Sequence[Writer] = (),
         now: Callable[[], float] = time.time,
         decided: Sequence[Outcome] = (),
+        ended: Sequence[Ended] = (),
     ) -> None:
-        """Commit everything one batch changed, atomically: the actions it `decided` (pending),
-        the `outcomes` whose actions were taken (history; their pending actions cleared), the
-        checkpoint, the policy's memory and the `extra` writes (the messages queued)."""
-        await self.write(_batch(checkpoint, outcomes, unit_states or {}, extra, now, decided))
+        """Commit everything noted since the last commit, atomically: the invocations that
+        `ended` (pending, to be decided), the actions `decided` (the pending record becomes
+        the outcome's), the `outcomes` whose actions were taken (history; their pending
+        records cleared), the checkpoint, the policy's memory and the `extra` writes (the
+        messages queued)."""
+        await self.write(
+            _batch(checkpoint, outcomes, unit_states or {}, extra, now, decided, ended)
+        )
 
-    def pending_actions(self) -> tuple[list[Outcome], list[str]]:
-        """The actions decided and not yet taken, oldest first; and one line for each record
-        that cannot be read (it stays, for a person to look at)."""
+    def pending_actions(self) -> tuple[list[Pending], list[str]]:
+        """The invocations ended and not yet decided, and the actions decided and not yet
+        taken, oldest first; and one line for each record that cannot be read (it stays, for
+        a person to look at)."""
         return self.read(lambda db: PendingActions(db).load())
 
     def add_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
@@ -252,12 +264,14 @@ def _batch(
     extra: Sequence[Writer],
     now: Callable[[], float],
     decided: Sequence[Outcome],
+    ended: Sequence[Ended],
 ) -> Writer:
     """One batch's unit of work."""
 
     def work(db: sqlite3.Connection) -> None:
         pending = PendingActions(db)
-        pending.add(decided)
+        pending.add(ended)
+        pending.decide(decided)
         pending.clear(outcomes)
         Meta(db).save(checkpoint)
         UnitStates(db).save(unit_states)

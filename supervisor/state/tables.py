@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from ..model import Outcome
-from ..records import outcome_from_record, outcome_record
+from ..model import Ended, Outcome
+from ..records import Pending, ended_record, outcome_record, pending_from_record
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,16 +129,26 @@ class History:
 
 
 class PendingActions:
-    """`pending_action`: actions decided in a committed batch and not yet taken."""
+    """`pending_action`: invocations ended in a committed batch and not yet decided, and
+    actions decided and not yet taken."""
 
     TABLES: ClassVar[tuple[str, ...]] = ("pending_action",)
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
 
-    def add(self, decided: Sequence[Outcome]) -> None:
+    def add(self, ended: Sequence[Ended]) -> None:
+        """Ended invocations, to be decided (one already pending stays as it is)."""
         self._db.executemany(
             "INSERT OR IGNORE INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
+            [(e.invocation.unit, key(e), dump(ended_record(e))) for e in ended],
+        )
+
+    def decide(self, decided: Sequence[Outcome]) -> None:
+        """The pending records become the decisions, to be acted on."""
+        self._db.executemany(
+            "INSERT INTO pending_action (unit, key, outcome) VALUES (?, ?, ?) "
+            "ON CONFLICT (unit, key) DO UPDATE SET outcome = excluded.outcome",
             [(o.invocation.unit, key(o), dump(outcome_record(o))) for o in decided],
         )
 
@@ -148,14 +158,15 @@ class PendingActions:
             [(o.invocation.unit, key(o)) for o in taken],
         )
 
-    def load(self) -> tuple[list[Outcome], list[str]]:
-        """The actions, oldest first; and one line for each record that cannot be read (it
+    def load(self) -> tuple[list[Pending], list[str]]:
+        """The records, oldest first; and one line for each record that cannot be read (it
         stays, for a person to look at)."""
         rows = self._db.execute("SELECT unit, key, outcome FROM pending_action ORDER BY id")
-        outcomes, unreadable = [], []
+        outcomes: list[Pending] = []
+        unreadable = []
         for unit, name, text in rows:
             try:
-                outcomes.append(outcome_from_record(json.loads(text)))
+                outcomes.append(pending_from_record(json.loads(text)))
             except (ValueError, KeyError, TypeError) as exc:
                 unreadable.append(f"{unit} {name}: {type(exc).__name__}: {exc}")
         return outcomes, unreadable
@@ -164,9 +175,9 @@ class PendingActions:
 STORE_TABLES = (Meta, UnitStates, History, PendingActions)
 
 
-def key(outcome: Outcome) -> str:
+def key(pending: Pending) -> str:
     """What identifies an invocation of its unit: its id, else its last entry's cursor."""
-    inv = outcome.invocation
+    inv = pending.invocation
     return inv.invocation_id or f"cursor:{inv.last_cursor}"
 
 
