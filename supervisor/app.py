@@ -101,7 +101,8 @@ async def _run(
 ) -> None:
     table = load_table(config)
     install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
-    store, corrupt = Store.recover_in_directory(config.state.state_dir)
+    # Opening may upgrade the schema: in a thread, as every write.
+    store, corrupt = await asyncio.to_thread(Store.recover_in_directory, config.state.state_dir)
     if corrupt is not None:
         log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")
     metrics = Metrics()
@@ -226,7 +227,7 @@ async def _run(
         notifier.stopping()
         closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
-        store.close()
+        await asyncio.to_thread(store.close)  # the writes still queued are finished first
 
 
 def compose_daemon(

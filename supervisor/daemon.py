@@ -304,9 +304,7 @@ class Daemon:
                 action="noted in history; decisions already made stand",
             )
             try:
-                await asyncio.to_thread(
-                    self.store.add_note, notice.unit, notice.invocation_ids, note
-                )
+                await self.store.aadd_note(notice.unit, notice.invocation_ids, note)
             except StateError as exc:
                 log.error("history_note_failed", unit=notice.unit, error=str(exc))
 

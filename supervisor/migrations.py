@@ -6,9 +6,6 @@ which says 0, takes it as a no-op); each later step changes what the one before 
 still to apply run in one transaction with the new number, so an upgrade cut short leaves the
 old schema and its data as they were. A database from a newer release (a higher number) is
 refused: this release would misread it.
-
-The environment log (supervisor.environment.log) still creates its own table; it has never
-changed shape.
 """
 
 from __future__ import annotations
@@ -90,7 +87,21 @@ CREATE TABLE IF NOT EXISTS pending_action (
 );
 """
 
-STEPS: tuple[str, ...] = (_V1, _V2, _V3)
+# 4: the environment log (supervisor.environment.log), which made its own table before; a
+# database that has it (any the daemon ran on) keeps it and its rows as they are.
+_V4 = """
+CREATE TABLE IF NOT EXISTS environment_log (
+    unit TEXT NOT NULL,
+    invocation_id TEXT NOT NULL,
+    started REAL NOT NULL,
+    snapshot TEXT NOT NULL,
+    good INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (unit, invocation_id)
+);
+CREATE INDEX IF NOT EXISTS environment_log_unit_started ON environment_log (unit, started);
+"""
+
+STEPS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 VERSION = len(STEPS)
 
 

@@ -146,11 +146,12 @@ EARLIER_RECORD = {
 def test_a_pending_action_of_the_earlier_version_loads_as_an_outcome(tmp_path: Path) -> None:
     """Records in a state database of the version before still load: decided, to be acted on."""
     store = Store.in_directory(tmp_path)
-    with store.transaction() as db:
-        db.execute(
+    store.write_blocking(
+        lambda db: db.execute(
             "INSERT INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
             ("vllm.service", "b" * 32, json.dumps(EARLIER_RECORD)),
         )
+    )
     (pending,), unreadable = store.pending_actions()
     assert unreadable == []
     assert isinstance(pending, Outcome)

@@ -173,7 +173,7 @@ class DriftRecorder:
                     return
                 item = getter.result()
                 if isinstance(item, _Good):
-                    self._mark_good(item)
+                    await self._mark_good(item)
                 else:
                     await self._record(item)
         finally:
@@ -208,7 +208,7 @@ class DriftRecorder:
                     self._say_once(start.unit, "drift_blind", str(python), blocked)
                     self._on_snapshot(start.unit, "failed")
                     return
-            self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
+            await self.envlog.arecord_start(start.unit, start.invocation_id, snap, start.started)
             log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
             self._on_snapshot(start.unit, "recorded")
         except (ProbeError, SystemdError, StateError, TimeoutError) as exc:
@@ -249,9 +249,9 @@ class DriftRecorder:
             action="no environment recorded for this unit; crashes are decided without drift",
         )
 
-    def _mark_good(self, good: _Good) -> None:
+    async def _mark_good(self, good: _Good) -> None:
         try:
-            self.envlog.mark_good(good.unit, good.invocation_id)
+            await self.envlog.amark_good(good.unit, good.invocation_id)
         except StateError as exc:
             log.error("drift_mark_good_failed", unit=good.unit, error=str(exc))
 

@@ -5,9 +5,9 @@ loop notes each batch's ended invocations together with the checkpoint that cove
 (`ended`, synchronously, so no other task sees a cursor past invocations not yet noted), each
 lane notes its decisions with the policy's memory after them (`decided`) and what its actions
 did (`taken`), and `commit` writes everything noted so far in one transaction
-(supervisor.store). Commits run one at a time, in a worker thread (SQLite's fsync on a slow disk
-must not stall the gates or the watchdog); whoever waits for the running one finds its own
-notes committed by the next: group commit.
+(supervisor.store). Commits run one at a time, in the state writer's thread (SQLite's fsync on a
+slow disk must not stall the gates or the watchdog); whoever waits for the running one finds its
+own notes committed by the next: group commit.
 
 A batch that decided nothing leaves its cursor to a quiet checkpoint at most
 `checkpoint_interval_s` later (`run_quiet`). A failed commit (disk full) keeps every note and
@@ -114,8 +114,7 @@ class Checkpointer:
         position = self.position
         writers = [self.notifier.writer_for(o) for o in pending] if self.notifier else []
         try:
-            await asyncio.to_thread(
-                self.store.commit_batch,
+            await self.store.acommit_batch(
                 checkpoint=position.checkpoint,
                 ended=ended,
                 decided=decisions,
