@@ -55,7 +55,7 @@ def triage(
     try:
         outcomes = collect(source, config=config, table=table)
     except NoEntries:
-        print(f"triage: {source}: no journal entries", file=sys.stderr)
+        print(f"vllm-supervisor: triage: {source}: no journal entries", file=sys.stderr)
         return EXIT_NO_ENTRIES
     if output_format == "json":
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
