@@ -1,9 +1,9 @@
 """The compiled parts: the libsystemd journal reader (a program, run as the daemon's child) and
-the rows' parser (an extension, in the daemon's process).
+the parsers of its rows and of journalctl's export format (extensions, in the daemon's process).
 
 Everything else is in pyproject.toml. Both are optional: without libsystemd's headers (Debian
 `libsystemd-dev`) the reader is not built and the supervisor reads through `journalctl`;
-without a compiler the rows are parsed in Python.
+without a compiler both formats are parsed in Python.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ setup(
         Extension(
             "vllm_supervisor.journal._rows",
             sources=["supervisor/journal/_rows.c"],
+            extra_compile_args=FLAGS,
+        ),
+        # journalctl's export format (the fallback reader's), likewise in-process and plain C.
+        Extension(
+            "vllm_supervisor.journal._export",
+            sources=["supervisor/journal/_export.c"],
             extra_compile_args=FLAGS,
         ),
     ],

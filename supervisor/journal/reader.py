@@ -38,13 +38,7 @@ import structlog
 from ..errors import JournalError
 from ..model import JournalEntry
 from ..util.retry import Backoff
-from .export import (
-    OUTPUT_FIELDS,
-    ExportParser,
-    Fields,
-    LineParser,
-    decode_all,
-)
+from .export import OUTPUT_FIELDS, ExportDecoder, ExportParser, LineParser
 
 log = structlog.get_logger(__name__)
 
@@ -126,7 +120,7 @@ def native_argv(settings: ReaderSettings, cursor: str | None, *, last: bool = Fa
 
     The units go to the child's stdin (`native_input`), not here: any number of them. They are
     matched through the journal's field index when reading once and while catching up, then on
-    each entry's unit fields when following (as `_about` does), for the reason `_about` gives.
+    each entry's unit fields when following (as `export.about` does), for the reason it gives.
     """
     argv = [os.fspath(NATIVE_READER), "--lines"]
     argv += [f"--field={name.decode()}" for name in OUTPUT_FIELDS]
@@ -156,7 +150,7 @@ def native_input(settings: ReaderSettings, *, last: bool = False) -> bytes:
 
 
 def unit_matches(units: tuple[str, ...]) -> list[str]:
-    """journalctl's match arguments for what `_about` accepts: `FIELD=u1 FIELD=u2 ...` (one
+    """journalctl's match arguments for what `export.about` accepts: `FIELD=u1 FIELD=u2 ...` (one
     field's values are ORed) for each of the units' fields, the fields joined by `+` (OR).
 
     Not `--unit`, which also asks _PID=1 with UNIT= and _UID=0 with OBJECT_SYSTEMD_UNIT=: the
@@ -195,7 +189,7 @@ def journalctl_argv(settings: ReaderSettings, cursor: str | None) -> list[str]:
         argv.append(f"--directory={settings.directory}")
     argv += [f"--file={path}" for path in settings.files]
     if not settings.follow:
-        # When following, the units are matched in Python instead (see `_about`).
+        # When following, the units are matched in Python instead (see `export.about`).
         argv += [f"--unit={unit}" for unit in settings.units]
     if settings.follow:
         # Entries of earlier boots matter too (a saved directory, a reboot while halted).
@@ -351,7 +345,7 @@ class JournalctlReader:
                 entries, first, last = decoder.feed(chunk)
                 if decoder.invalid != invalid:
                     self._on_invalid(decoder.invalid - invalid)
-                if isinstance(decoder, _ExportDecoder):
+                if isinstance(decoder, ExportDecoder):
                     self.parsed, decoder.parsed = self.parsed + decoder.parsed, 0
                 if expected is not None and first is not None:
                     # `first` is the entry the cursor seek landed on (the native child reports
@@ -393,7 +387,7 @@ class JournalctlReader:
     async def _catch_up(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
         """Read what is already in the journal about the units through journalctl's matches,
         which use the journal's field index: a backlog costs the units' share of it, where the
-        follower (which cannot use them, see `_about`) parses every entry in Python.
+        follower (which cannot use them, see `export.about`) parses every entry in Python.
 
         As the native child does (`catch_up` in journal_reader.c): matched passes from the
         start, each from the last entry the one before handed over, until one finds nothing new
@@ -450,7 +444,7 @@ class JournalctlReader:
         self._process = process
         stderr_task = asyncio.create_task(_drain_stderr(process))
         stopper = asyncio.create_task(_terminate_on(stop, process))
-        decoder = _ExportDecoder(self.settings.max_line_chars, frozenset())
+        decoder = ExportDecoder(self.settings.max_line_chars)
         try:
             assert process.stdout is not None  # noqa: S101 - created with PIPE above
             while chunk := await process.stdout.read(READ_SIZE):
@@ -530,12 +524,12 @@ class JournalctlReader:
         _, _, cursor = self._decoder().feed(output)
         return cursor.decode("ascii", "replace") if cursor is not None else None
 
-    def _decoder(self) -> LineParser | _ExportDecoder:
+    def _decoder(self) -> LineParser | ExportDecoder:
         max_chars = self.settings.max_line_chars
         if resolve_source(self.settings.source) == "native":
             return LineParser(max_chars)  # the child matched the units already
         units = self.settings.units if self.settings.follow else ()
-        return _ExportDecoder(max_chars, frozenset(unit.encode() for unit in units))
+        return ExportDecoder(max_chars, frozenset(unit.encode() for unit in units))
 
     def _gap(self, saved: str, first: str) -> None:
         """The saved entry is gone: say so once, with how much journal time was skipped."""
@@ -677,32 +671,6 @@ def use_pidfd_child_watcher() -> None:
             watcher.attach_loop(loop)
 
 
-class _ExportDecoder:
-    """journalctl's export output to entries, with the units matched when following."""
-
-    def __init__(self, max_chars: int, units: frozenset[bytes]) -> None:
-        self._parser = ExportParser()
-        self._max_chars = max_chars
-        self._units = units
-        self.parsed = 0  # entries parsed, of any unit
-
-    @property
-    def invalid(self) -> int:
-        """Entries skipped because they could not be parsed."""
-        return self._parser.invalid
-
-    def feed(self, chunk: bytes) -> tuple[list[JournalEntry], bytes | None, bytes | None]:
-        """The entries `chunk` completes, and the first and last record's cursor (raw)."""
-        raw = self._parser.feed(chunk)
-        if not raw:
-            return [], None, None
-        self.parsed += len(raw)
-        first, last = raw[0].get(b"__CURSOR", b""), raw[-1].get(b"__CURSOR")
-        if self._units:
-            raw = [fields for fields in raw if _about(fields, self._units)]
-        return decode_all(raw, max_chars=self._max_chars), first, last
-
-
 def resident_bytes(pid: int) -> int | None:
     """A process's resident memory (VmRSS of /proc/PID/status), or None once it is gone."""
     try:
@@ -723,21 +691,6 @@ def cursor_realtime_us(cursor: str) -> int | None:
             with contextlib.suppress(ValueError):
                 return int(part[2:], 16)
     return None
-
-
-def _about(fields: Fields, units: frozenset[bytes]) -> bool:
-    """Is this entry the units' own line, or a message about one of them (what -u matches)?
-
-    `journalctl --unit=U --follow` on systemd 252 never delivers entries of a unit that had
-    none when it started (seen in the nspawn end-to-end test: 1 entry with --unit, 221 without),
-    and the supervisor normally starts before the server it watches. So the follower reads
-    every entry and the match is made here, on the raw fields, before decoding.
-    """
-    return (
-        fields.get(b"_SYSTEMD_UNIT") in units
-        or fields.get(b"UNIT") in units
-        or fields.get(b"OBJECT_SYSTEMD_UNIT") in units
-    )
 
 
 async def terminate(process: asyncio.subprocess.Process) -> None:
