@@ -99,7 +99,7 @@ async def run_daemon(
 async def _run(
     config: Config, stop: asyncio.Event, reload: asyncio.Event, reload_config: Callable[[], Config]
 ) -> None:
-    table = load_table(config)
+    table = load_table(config, cached=True)
     install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
     # Opening may upgrade the schema: in a thread, as every write.
     store, corrupt = await asyncio.to_thread(Store.recover_in_directory, config.state.state_dir)

@@ -263,8 +263,21 @@ def _phase_severity(raw: dict[str, Any], key: str, kind: str, where: _Where) -> 
 def parse_table_file(path: Path, compile_: Callable[[str], Any]) -> list[SignatureSpec]:
     """Read one TOML file of `[[signature]]` entries; raise SignatureTableError on any fault."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
+    return parse_table_bytes(path, content, compile_)
+
+
+def parse_table_bytes(
+    path: Path, content: bytes, compile_: Callable[[str], Any]
+) -> list[SignatureSpec]:
+    """`parse_table_file` of content already read from `path` (named in every error)."""
+    try:
+        # As `Path.read_text` reads it: universal newlines.
+        text = content.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        data = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
         raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise SignatureTableError(f"{path}: invalid TOML: {exc}") from exc

@@ -27,7 +27,8 @@ import re2
 from ..errors import SignatureTableError
 from ..model import Severity
 from ..util.files import data_path
-from .schema import SignatureSpec, parse_table_file
+from . import table_cache
+from .schema import SignatureSpec, parse_table_bytes
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
 DEFAULT_MAX_LINE_CHARS = 4096
@@ -142,7 +143,11 @@ def _options() -> Any:
     return options
 
 
-def _compile_set(signatures: Sequence[Signature], owners: Sequence[tuple[int, int]]) -> Any:
+def _compile_set(
+    signatures: Sequence[Signature],
+    owners: Sequence[tuple[int, int]],
+    files: Mapping[str, Path],
+) -> Any:
     """One RE2 set of these patterns, its memory budget sized from their number.
 
     RE2's default budget (8 MiB) holds a few hundred patterns: a table of ~1,000 signatures
@@ -158,9 +163,10 @@ def _compile_set(signatures: Sequence[Signature], owners: Sequence[tuple[int, in
         rset.Compile()
     except re2.error as exc:
         domains = sorted({signatures[sig_index].domain for sig_index, _ in owners})
+        names = [str(files.get(domain, domain)) for domain in domains]
         ids = [signatures[owners[0][0]].id, signatures[owners[-1][0]].id]
         raise SignatureTableError(
-            f"signatures {ids[0]} .. {ids[1]} (files {', '.join(domains)}): RE2 cannot compile "
+            f"{', '.join(names)}: signatures {ids[0]} .. {ids[1]}: RE2 cannot compile "
             f"their {len(owners)} patterns within {options.max_mem >> 20} MiB: simplify them"
         ) from exc
     return rset
@@ -193,7 +199,11 @@ class SignatureTable:
     """The compiled table: `match` one stripped line, `explain` it, or take a `subset`."""
 
     def __init__(
-        self, signatures: Sequence[Signature], *, max_line_chars: int = DEFAULT_MAX_LINE_CHARS
+        self,
+        signatures: Sequence[Signature],
+        *,
+        max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+        files: Mapping[str, Path] | None = None,
     ) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
         self.max_line_chars = max_line_chars
@@ -204,10 +214,16 @@ class SignatureTable:
             for pattern_index in range(len(signature.patterns))
         ]
         self._sets = [
-            (start, _compile_set(self.signatures, self._owners[start : start + SET_PATTERNS]))
+            (
+                start,
+                _compile_set(
+                    self.signatures, self._owners[start : start + SET_PATTERNS], files or {}
+                ),
+            )
             for start in range(0, len(self._owners), SET_PATTERNS)
         ]
         self._by_id = {signature.id: signature for signature in self.signatures}
+        self.from_cache = False  # read back validated from the cache (load_signature_table)
 
     def __len__(self) -> int:
         return len(self.signatures)
@@ -331,13 +347,41 @@ def _table_files(paths: Sequence[Path] | None) -> list[Path]:
 
 
 def load_signature_table(
-    paths: Sequence[Path] | None = None, *, max_line_chars: int = DEFAULT_MAX_LINE_CHARS
+    paths: Sequence[Path] | None = None,
+    *,
+    max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+    cache_dir: Path | None = None,
 ) -> SignatureTable:
-    """Load and validate every signature file; `None` loads the shipped default directory."""
+    """Load and validate every signature file; `None` loads the shipped default directory.
+
+    With `cache_dir`, files seen before (the same paths and bytes) are read back validated
+    from there instead of parsed (`table_cache`); `SignatureTable.from_cache` says which."""
+    files = []
+    for path in _table_files(paths):
+        try:
+            files.append((path, path.read_bytes()))
+        except OSError as exc:
+            raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
+    key = table_cache.cache_key(files) if cache_dir is not None else ""
+    cached = table_cache.load(cache_dir, key) if cache_dir is not None else None
+    specs = cached if cached is not None else _parse(files)
+    table = SignatureTable(
+        [_build(spec, i) for i, spec in enumerate(specs)],
+        max_line_chars=max_line_chars,
+        files={path.stem: path for path, _ in files},  # a set that fails names its files
+    )
+    table.from_cache = cached is not None
+    if cache_dir is not None and cached is None:
+        table_cache.save(cache_dir, key, specs)  # only once its sets compiled
+    return table
+
+
+def _parse(files: Sequence[tuple[Path, bytes]]) -> list[SignatureSpec]:
+    """Every file's validated specs, in order; ids unique across the files."""
     specs: list[SignatureSpec] = []
     seen: dict[str, Path] = {}
-    for path in _table_files(paths):
-        for spec in parse_table_file(path, check_pattern):
+    for path, content in files:
+        for spec in parse_table_bytes(path, content, check_pattern):
             if spec.id in seen:
                 raise SignatureTableError(
                     f"{path}: signature '{spec.id}': id: duplicate, already defined in "
@@ -345,6 +389,4 @@ def load_signature_table(
                 )
             seen[spec.id] = path
             specs.append(spec)
-    return SignatureTable(
-        [_build(spec, i) for i, spec in enumerate(specs)], max_line_chars=max_line_chars
-    )
+    return specs

@@ -6,14 +6,19 @@ from ..config import Config
 from ..errors import ConfigError, SupervisorError
 from .signatures import SignatureTable, load_signature_table
 
+CACHE_DIR = "signature-cache"  # under the runtime directory
 
-def load_table(config: Config) -> SignatureTable:
+
+def load_table(config: Config, *, cached: bool = False) -> SignatureTable:
     """The signature table the config names (the shipped one by default).
 
     Every unit's `signature_sets` is checked here, at load, so a typo stops the daemon with
-    one line instead of failing at the first crash it classifies.
+    one line instead of failing at the first crash it classifies. `cached` (the daemon's
+    start and reloads): the validated table is kept in the runtime directory for the next load
+    of the same files (`table_cache`); the commands that only read leave no files behind.
     """
-    table = load_signature_table(list(config.signatures.paths) or None)
+    cache_dir = config.state.runtime_dir / CACHE_DIR if cached else None
+    table = load_signature_table(list(config.signatures.paths) or None, cache_dir=cache_dir)
     for index, unit in enumerate(config.units):
         if unit.signature_sets:
             try:

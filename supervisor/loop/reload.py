@@ -91,7 +91,7 @@ class Reloader:
             return None
         try:
             config = self._load_config()
-            return config, load_table(config), load_engines()
+            return config, load_table(config, cached=True), load_engines()
         except Exception as exc:  # a reload may refuse a config, never end the daemon
             error = str(exc) if isinstance(exc, SupervisorError) else repr(exc)
             self._metrics.signature_table([s.id for s in table().signatures], False)
