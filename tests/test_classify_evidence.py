@@ -468,7 +468,10 @@ class TestHowAKillReads:
     signal (a person, an orchestrator); its OOM-kill message (MESSAGE_ID fe6faa94...) says the
     unit's memory ran out. Before the server ever served that is the load's peak, met again."""
 
-    LOADING = (f"{V1}INFO Loading weights took 41.2 seconds", f"{V1}INFO Memory profiling ...")
+    LOADING = (
+        "(EngineCore_DP0 pid=563) INFO 12-23 23:34:23 [loader.py:267] Loading weights took 41 s",
+        "(EngineCore_DP0 pid=563) INFO 12-23 23:34:24 [worker.py:298] Memory profiling ...",
+    )
 
     def _loop(self, empty: SignatureTable, served: bool, **ended: object) -> list[Action]:
         classifier, policy = Classifier(empty), RestartPolicy()
@@ -508,3 +511,12 @@ class TestHowAKillReads:
         verdict = _judge(empty, list(self.LOADING), **killed)
         assert verdict.severity is Severity.TRANSIENT
         assert self._loop(empty, False, **killed) == [Action.ALLOW_RESTART] * 3
+
+    def test_systemds_own_start_timeout_is_no_outside_kill(self, empty: SignatureTable) -> None:
+        """TimeoutStartSec= ran out and systemd killed the start (result 'timeout'): the same
+        load takes as long again, so the kill is no sign a restart helps; the repeat rule
+        halts it."""
+        timeout = {"exit_code": "killed", "exit_status": 9, "result": "timeout"}
+        verdict = _judge(empty, list(self.LOADING), **timeout)
+        assert verdict.severity is Severity.UNKNOWN
+        assert self._loop(empty, False, **timeout) == [Action.ALLOW_RESTART] * 2 + [Action.HALT]

@@ -194,6 +194,9 @@ def weigh(
 # The main process killed by SIGKILL or SIGTERM with no stop job (that is Ending.STOPPED): the
 # OOM killer, a person, an orchestrator. A crash inside dumps core or exits with a status.
 _OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM"}
+# Results for which systemd itself sent the signal (TimeoutStartSec=, WatchdogSec=): the same
+# start may take as long again, so the kill says nothing of a restart.
+_SYSTEMD_OWN_KILLS = frozenset({"timeout", "watchdog"})
 
 
 def _killed(invocation: Invocation, phase: Phase | None) -> Clue | None:
@@ -205,6 +208,8 @@ def _killed(invocation: Invocation, phase: Phase | None) -> Clue | None:
         return Clue("oom_kill_while_loading", Reads.DETERMINISTIC, Strength.WEAK, said, "ended")
     if invocation.oom_killed:
         said = "killed by the OOM killer"
+    elif invocation.result in _SYSTEMD_OWN_KILLS:
+        return None  # systemd's own kill of a start that took too long: not from outside
     elif invocation.exit_code == "killed" and invocation.exit_status in _OUTSIDE_SIGNALS:
         said = f"killed by {_OUTSIDE_SIGNALS[invocation.exit_status]}"
     else:
@@ -255,6 +260,14 @@ def assess(
             f"(how long it ran, and whether it served, are not known){clues}",
         )
     if verdict.confidence == "low":
+        if (killed := _killed_settles(evidence)) is not None:
+            return _inferred(
+                verdict,
+                Severity.TRANSIENT,
+                f"transient (inferred): {killed} {phase.describe()}, no stop job, and nothing "
+                f"in its own lines says why: systemd's record is the cause, and a restart does "
+                f"not meet someone else's signal again{clues}",
+            )
         if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
             return _inferred(
                 verdict,
@@ -339,6 +352,16 @@ def _overruled(
 
 
 _STARTUP_WORDS = "its traceback runs through the start-up steps"
+
+
+def _killed_settles(evidence: Evidence) -> str | None:
+    """A start with no cause line whose main process systemd saw killed from outside (a
+    signal with no stop job, or the OOM killer after serving), with no clue the other way:
+    the kill is the cause the journal knows for sure. What systemd said; None otherwise."""
+    if evidence.conflict or evidence.reads is not Reads.INDETERMINATE:
+        return None
+    ended = [c for c in evidence.clues if c.kind == "ended" and c.reads is Reads.INDETERMINATE]
+    return ended[0].said if ended else None
 
 
 def _quiet_cause_settles(
