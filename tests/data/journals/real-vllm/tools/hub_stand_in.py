@@ -5,6 +5,7 @@ Usage: python3 hub_stand_in.py PORT 429|503|hang
 import http.server
 import socketserver
 import sys
+import os
 import time
 
 port, mode = int(sys.argv[1]), sys.argv[2]
@@ -19,7 +20,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = {429: b"Too Many Requests", 503: b"Service Unavailable"}.get(status, b"")
         self.send_response(status)
         if status in (429, 503):
-            self.send_header("Retry-After", "30")
+            self.send_header("Retry-After", os.environ.get("RETRY_AFTER", "2"))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
