@@ -40,7 +40,14 @@ import structlog
 
 from ..config import Config
 from ..engines.profiles import Engines, follow
-from ..environment.ports import Holder, Listener, holders, listeners, with_unit_uid
+from ..environment.ports import (
+    PORT_SIGNATURES,
+    Holder,
+    Listener,
+    holders,
+    listeners,
+    with_unit_uid,
+)
 from ..environment.userns import IdMap, own_id_map
 from ..errors import SystemdError
 from ..model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
@@ -48,7 +55,6 @@ from .policy import halt_on_evidence
 
 log = structlog.get_logger(__name__)
 
-PORT_SIGNATURES = frozenset({"port_in_use", "torch_distributed_port_in_use"})
 _GENERIC_PORT_IN_TEXT = (
     re.compile(r"\('[^']*', (\d{1,5})\b"),  # uvicorn: ('0.0.0.0', 8000)
     re.compile(r"\]:(\d{1,5})\b"),  # torch: [::]:29500
