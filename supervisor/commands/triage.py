@@ -56,7 +56,7 @@ def triage(
     try:
         found = collect(source, config=config, table=table)
     except NoEntries:
-        print(f"triage: {source}: no journal entries", file=sys.stderr)
+        print(f"vllm-supervisor: triage: {source}: no journal entries", file=sys.stderr)
         return EXIT_NO_ENTRIES
     outcomes = with_recorded_drift(found, config.state.state_dir)
     if output_format == "json":
