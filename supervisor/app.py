@@ -54,7 +54,6 @@ from .notify.webhook_reload import SlackReload, credential_source
 from .pipeline import Pipeline
 from .seams import (
     BatchHook,
-    DriftLookup,
     JournalSource,
     Notifying,
     OutcomeSource,
@@ -99,7 +98,8 @@ async def _run(
 ) -> None:
     table = load_table(config)
     install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
-    store, corrupt = Store.recover_in_directory(config.state.state_dir)
+    # Opening may upgrade the schema: in a thread, as every write.
+    store, corrupt = await asyncio.to_thread(Store.recover_in_directory, config.state.state_dir)
     if corrupt is not None:
         log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")
     metrics = Metrics()
@@ -186,7 +186,6 @@ async def _run(
         ],
         wakers=[notify.wake],
         sources=[hangs],
-        drift=recorder.changes,
         names=names,
         reloaders=[slack.reload] if slack is not None else [],
     )
@@ -206,6 +205,7 @@ async def _run(
 
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)
+    metrics.reader_failures(lambda: reader.failures)
 
     server = MetricsServer(
         metrics,
@@ -224,7 +224,7 @@ async def _run(
         notifier.stopping()
         closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
-        store.close()
+        await asyncio.to_thread(store.close)  # the writes still queued are finished first
 
 
 def compose_daemon(
@@ -241,7 +241,6 @@ def compose_daemon(
     hooks: Sequence[BatchHook] = (),
     tasks: Sequence[Task] = (),
     sources: Sequence[OutcomeSource] = (),
-    drift: DriftLookup | None = None,
     wakers: Sequence[Callable[[], None]] = (),
     names: RealNames | None = None,
     reloaders: Sequence[PartReload] = (),
@@ -256,7 +255,6 @@ def compose_daemon(
         policy_state=store.load_unit_states(),
         observer=metrics.outcome,
         on_skip=lambda: metrics.entry_invalid("pipeline_error"),
-        drift=drift,
     )
     reader = reader or journal_reader(config, checkpoint, metrics)
     names = names or RealNames(None)
@@ -399,6 +397,7 @@ def _state_health(daemon: Daemon) -> HealthCheck:
     def check() -> tuple[bool, dict[str, Any]]:
         checkpointer = daemon.checkpointer
         pending = len(checkpointer.pending) + len(checkpointer.decisions)
+        pending += len(checkpointer.undecided)
         error = checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:

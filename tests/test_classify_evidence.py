@@ -16,7 +16,7 @@ from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.determinism import judge
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
 from vllm_supervisor.decide.policy import RestartPolicy
-from vllm_supervisor.model import Action, Invocation, Severity, Verdict
+from vllm_supervisor.model import Action, Evidence, Invocation, Severity, Verdict
 
 V1 = "(EngineCore_DP0 pid=563) ERROR 12-23 23:34:23 [core.py:708] "
 SITE = "/opt/venv/lib/python3.12/site-packages"
@@ -289,7 +289,7 @@ class TestRepetitionAndSafety:
         for n in range(2):
             invocation = failed_invocation(texts, invocation_id=f"{n:032x}")
             verdict, phase = judge(classifier, invocation, GOOD_START_S)
-            actions.append(policy.decide(invocation, verdict, phase).action)
+            actions.append(policy.decide(invocation, verdict, Evidence(phase=phase)).action)
         assert actions == [Action.HALT, Action.HALT]
 
     def test_a_kill_from_outside_is_no_deterministic_crash(self, empty: SignatureTable) -> None:

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.engines",),
     ("supervisor.config",),
     ("supervisor.migrations",),
-    ("supervisor.store", "supervisor.telemetry"),
+    ("supervisor.state", "supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),
     ("supervisor.journal",),
     ("supervisor.environment",),

@@ -41,7 +41,7 @@ def test_triage_of_an_empty_input_says_so_and_exits_2(tmp_path: Path) -> None:
     empty.write_text("", encoding="utf-8")
     done = cli("triage", empty)
     assert done.returncode == 2, done
-    assert "no journal entries" in done.stderr
+    assert done.stderr == f"vllm-supervisor: triage: {empty}: no journal entries\n", done.stderr
     assert "No crash found" not in done.stdout + done.stderr
 
 

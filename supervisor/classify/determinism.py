@@ -53,8 +53,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..model import Invocation, Severity, Verdict
-from .classifier import NO_FACTS, CauseFacts
+from ..model import NO_FACTS, Basis, CauseFacts, Confidence, Invocation, Severity, Verdict
+from ..model import Phase as Phase  # the phase is the model's (one rule of "served")
+from ..model import phase_of as phase_of
 from .lexicon import Clue, Lexicon, Reads, Strength, default_lexicon, strongest
 
 if TYPE_CHECKING:
@@ -68,50 +69,32 @@ _USAGE = re.compile(
 )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Phase:
-    """How far the invocation got before it ended."""
-
-    served: bool
-    ran_s: float | None = None  # from its first entry to its end
-    serving_s: float | None = None  # from its first serving line to its end, when known
-    start_seen: bool = True  # False: read from the journal's middle, its start unknown
-
-    def describe(self) -> str:
-        """In words: before the server ever served, or after serving for how long."""
-        if not self.served:
-            return "before the server ever served"
-        if self.serving_s is not None:
-            return f"after serving for {_duration(self.serving_s)}"
-        return "after serving"
-
-
-def phase_of(invocation: Invocation, good_start_s: float, hint: str | None = None) -> Phase:
-    """Served: it logged that it serves (requests included), it ran at least `good_start_s`,
-    or, with nothing in the journal either way, the crash's frames are request handling."""
-    ran = invocation.ran_s
-    serving_s = None
-    if invocation.served_us is not None and invocation.ended_us is not None:
-        serving_s = max(0.0, (invocation.ended_us - invocation.served_us) / 1e6)
-    served = invocation.served or (ran is not None and ran >= good_start_s)
-    if not served and hint == "serving":
-        served = True
-    return Phase(served=served, ran_s=ran, serving_s=serving_s, start_seen=invocation.start_seen)
-
-
 def judge(
     classifier: Classifier, invocation: Invocation, good_start_s: float, drift: Sequence[str] = ()
 ) -> tuple[Verdict, Phase]:
-    """The whole judgement of an ended invocation, as the pipeline makes it: the classifier's
-    verdict, the phase, the signature's severity for that phase, then `assess`."""
-    verdict, facts = classifier.examine(invocation)
-    phase = phase_of(invocation, good_start_s, verdict.phase_hint)
+    """The whole judgement of an ended invocation from its lines: the classifier's reading,
+    the phase, then `verdict_of` (the pipeline runs the same steps, the evidence between)."""
+    reading, facts = classifier.examine(invocation)
+    phase = phase_of(invocation, good_start_s, reading.phase_hint)
+    return verdict_of(classifier, reading, facts, invocation, phase, drift), phase
+
+
+def verdict_of(
+    classifier: Classifier,
+    reading: Verdict,
+    facts: CauseFacts,
+    invocation: Invocation,
+    phase: Phase,
+    drift: Sequence[str] = (),
+) -> Verdict:
+    """The verdict of a reading of the lines (`Classifier.examine`): the signature's severity
+    for the phase, then `assess`."""
     # A start not read counts as served for a signature's phase severity: a startup-only
     # "fatal" is for a crash known to be one of startup.
-    verdict = classifier.for_the_phase(verdict, served=phase.served or not phase.start_seen)
+    verdict = classifier.for_the_phase(reading, served=phase.served or not phase.start_seen)
     signature = classifier.table.get(verdict.signature) if verdict.signature else None
     catch_all = signature is not None and signature.kind == "cause" and signature.priority < 0
-    verdict = assess(
+    return assess(
         verdict,
         invocation,
         phase,
@@ -120,7 +103,6 @@ def judge(
         lexicon=classifier.lexicon,
         catch_all=catch_all,
     )
-    return verdict, phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,17 +202,17 @@ def assess(
     if catch_all and (overruled := _overruled(verdict, invocation, phase, facts, lexicon)):
         return overruled
     if verdict.severity is not Severity.UNKNOWN:
-        basis = "signature" if verdict.signature else "inferred"
-        reason = f"{verdict.severity.value} ({basis} {verdict.signature or ''}".rstrip()
+        basis = Basis.SIGNATURE if verdict.signature else Basis.INFERRED
+        reason = f"{verdict.severity.value} ({basis.value} {verdict.signature or ''}".rstrip()
         return dataclasses.replace(
             verdict,
             basis=basis,
-            confidence=verdict.confidence or "high",
+            confidence=verdict.confidence or Confidence.HIGH,
             severity_reason=f"{reason}): {verdict.title}, {phase.describe()}{changed}",
         )
     if not (invocation.failed or verdict.crashed) or verdict.from_context:
         return verdict
-    if verdict.basis == "signature":
+    if verdict.basis is Basis.SIGNATURE:
         return verdict  # the table's word for this phase: unknown (classify.for_the_phase)
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     kind = _exception_kind(cause) or (facts.exception if facts.raise_statement else None)
@@ -242,7 +224,7 @@ def assess(
             f"unknown: {kind or 'a crash'} of a run whose start was not in the journal read "
             f"(how long it ran, and whether it served, are not known){clues}",
         )
-    if verdict.confidence == "low":
+    if verdict.confidence is Confidence.LOW:
         if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
             return _inferred(
                 verdict,
@@ -308,7 +290,7 @@ def _overruled(
     lexicon: Lexicon | None,
 ) -> Verdict | None:
     """A catch-all signature's severity, when its line's evidence strongly says the other."""
-    if phase.served or not phase.start_seen or verdict.confidence == "low":
+    if phase.served or not phase.start_seen or verdict.confidence is Confidence.LOW:
         return None
     if verdict.severity not in (Severity.FATAL, Severity.TRANSIENT):
         return None
@@ -396,15 +378,19 @@ def _repeats(phase: Phase) -> str:
 
 def _inferred(verdict: Verdict, severity: Severity, reason: str) -> Verdict:
     return dataclasses.replace(
-        verdict, severity=severity, basis="inferred", confidence="medium", severity_reason=reason
+        verdict,
+        severity=severity,
+        basis=Basis.INFERRED,
+        confidence=Confidence.MEDIUM,
+        severity_reason=reason,
     )
 
 
 def _unknown(verdict: Verdict, reason: str, leaning: Severity | None = None) -> Verdict:
     return dataclasses.replace(
         verdict,
-        basis="unknown",
-        confidence=verdict.confidence or "low",
+        basis=Basis.UNKNOWN,
+        confidence=verdict.confidence or Confidence.LOW,
         severity_reason=reason,
         leaning=leaning,
     )
@@ -420,12 +406,3 @@ def _exception_kind(text: str) -> str | None:
     if match is None:
         return None
     return match.group(1).rsplit(".", 1)[-1]
-
-
-def _duration(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    if minutes < 1:
-        return f"{seconds:.0f} s"
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"

@@ -2,7 +2,9 @@
 
 The input kind is detected: a journal directory or file (read with journalctl, exactly as the
 daemon reads), `journalctl -o export` output, `journalctl -o json` lines, or plain text (one
-invocation). Everything then goes through the daemon's own `Pipeline`.
+invocation). Everything then goes through the daemon's own `Pipeline`: each ended invocation
+is decided by the same `Pipeline.decide`, on the same evidence record, the drift as the daemon
+recorded it on this host (its state database).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TextIO
 
 from ..classify import SignatureTable, load_table
 from ..config import Config, load_config, with_units
-from ..environment import with_recorded_drift
+from ..environment import RecordedDrift
 from ..journal import (
     JOURNAL_FILE_MAGIC,
     ReaderSettings,
@@ -29,7 +31,7 @@ from ..journal import (
     read_file,
     sniff,
 )
-from ..model import Action, Outcome
+from ..model import Action, Ended, Outcome
 from ..pipeline import Pipeline
 from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
@@ -54,11 +56,10 @@ def triage(
     2 (one line on standard error) when the input holds no journal entries."""
     out = out or sys.stdout
     try:
-        found = collect(source, config=config, table=table)
+        outcomes = collect(source, config=config, table=table)
     except NoEntries:
         print(f"vllm-supervisor: triage: {source}: no journal entries", file=sys.stderr)
         return EXIT_NO_ENTRIES
-    outcomes = with_recorded_drift(found, config.state.state_dir)
     if output_format == "json":
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
         out.write("\n")
@@ -70,23 +71,31 @@ def triage(
 def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outcome]:
     """The outcomes of every failed or crashed invocation in `source`."""
     pipeline = Pipeline(config, table)
+    drift = RecordedDrift(config.state.state_dir)
+    try:
+        return _reported(pipeline.decide_all(_ended(source, pipeline), [drift.evidence]))
+    finally:
+        drift.close()
+
+
+def _ended(source: str, pipeline: Pipeline) -> list[Ended]:
+    """Every invocation of `source` that ended (or was still open at its end), read."""
     path = Path(source)
     if source != "-" and path.is_dir():
-        return _reported(_from_journal(pipeline, ReaderSettings(directory=path)))
+        return _from_journal(pipeline, ReaderSettings(directory=path))
     data = sys.stdin.buffer.read() if source == "-" else read_file(path)
     if data.startswith(JOURNAL_FILE_MAGIC):
-        return _reported(_from_journal(pipeline, ReaderSettings(files=(path,))))
+        return _from_journal(pipeline, ReaderSettings(files=(path,)))
     if not data.strip():
         raise NoEntries(source)
     kind = sniff(data)
     if kind == "text":
         lines = data.decode("utf-8", "replace").splitlines()
-        return [pipeline.decide(plain_text_invocation(lines))]
+        return [pipeline.examine(plain_text_invocation(lines))]
     entries = list(decode_json(data) if kind == "json" else decode_export(data))
     if not entries:
         raise NoEntries(source)
-    outcomes = pipeline.feed(entries)
-    return _reported(outcomes + pipeline.finish())
+    return pipeline.feed(entries) + pipeline.finish()
 
 
 def render_text(outcomes: Sequence[Outcome]) -> str:
@@ -139,7 +148,7 @@ def _reported(outcomes: Sequence[Outcome]) -> list[Outcome]:
     ]
 
 
-def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]:
+def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Ended]:
     settings = dataclasses.replace(
         settings,
         units=tuple(u.name for u in pipeline.config.units),
@@ -148,11 +157,11 @@ def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]
         max_line_chars=pipeline.config.tracker.max_line_chars,
     )
 
-    async def run() -> list[Outcome]:
-        outcomes: list[Outcome] = []
+    async def run() -> list[Ended]:
+        ended: list[Ended] = []
         async for batch in read_all(settings):
-            outcomes += pipeline.feed(batch)
-        return outcomes + pipeline.finish()
+            ended += pipeline.feed(batch)
+        return ended + pipeline.finish()
 
     return asyncio.run(run())
 

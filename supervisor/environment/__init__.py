@@ -6,7 +6,7 @@ its own (tests/test_import_graph.py checks it).
 """
 
 from .drift import (
-    with_recorded_drift,
+    RecordedDrift,
 )
 from .execstart import (
     interpreter_from_exec_start,
@@ -32,11 +32,11 @@ __all__ = [
     "PROC",
     "EnvironmentLog",
     "Holder",
+    "RecordedDrift",
     "environment_root",
     "hidden_by",
     "holders",
     "interpreter_from_exec_start",
     "serving_port",
     "shebang_words",
-    "with_recorded_drift",
 ]
