@@ -1,1 +1,41 @@
-"""Reading the journal: the export-format parser and the journalctl follower."""
+"""Reading the journal: the export-format parser and the journalctl follower.
+
+`__all__` is what the commands (`supervisor/commands/`) may use of this stage; the rest is
+its own (tests/test_import_graph.py checks it).
+"""
+
+from .reader import (
+    ReaderSettings,
+    read_all,
+)
+from .saved import (
+    JOURNAL_FILE_MAGIC,
+    decode_export,
+    decode_json,
+    plain_text_invocation,
+    read_file,
+    sniff,
+)
+from .writer import (
+    FieldValue,
+    JournalWriter,
+    crashed_invocation,
+    lifecycle,
+    service_lines,
+)
+
+__all__ = [
+    "JOURNAL_FILE_MAGIC",
+    "FieldValue",
+    "JournalWriter",
+    "ReaderSettings",
+    "crashed_invocation",
+    "decode_export",
+    "decode_json",
+    "lifecycle",
+    "plain_text_invocation",
+    "read_all",
+    "read_file",
+    "service_lines",
+    "sniff",
+]
