@@ -5,18 +5,15 @@ the determinism model.
 its own (tests/test_import_graph.py checks it).
 """
 
-from .classifier import (
-    Classifier,
-)
-from .logline import (
-    parse_line,
-)
-from .signatures import (
-    SignatureTable,
-)
-from .table import (
-    load_table,
-)
+from typing import TYPE_CHECKING
+
+from ..util.lazy import exports
+
+if TYPE_CHECKING:
+    from .classifier import Classifier
+    from .logline import parse_line
+    from .signatures import SignatureTable
+    from .table import load_table
 
 __all__ = [
     "Classifier",
@@ -24,3 +21,13 @@ __all__ = [
     "load_table",
     "parse_line",
 ]
+
+__getattr__ = exports(
+    __name__,
+    {
+        "Classifier": "classifier",
+        "SignatureTable": "signatures",
+        "load_table": "table",
+        "parse_line": "logline",
+    },
+)
