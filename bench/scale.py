@@ -18,8 +18,11 @@ Sections (journals from `bench.scale_journals`, written once through journal-rem
   daemon's anonymous memory and peak once everything is read.
 - `tracker`: the tracker alone, CPU microseconds per line fed, for the same line sizes.
 - `table`: signature tables of 135 (the shipped one) to 5,000 signatures (`bench.scale_tables`):
-  validation, the whole load, and the seed crash's classification the first time and after,
-  each against the smallest table in the same run.
+  validation, the whole load, a load through the table cache, and the seed crash's
+  classification the first time and after, each against the smallest table in the same run.
+- `matches` (only when named): on the units journals of 64 units and more, `journalctl`
+  reading every entry against `journalctl` with the units' matches (`reader.unit_matches`):
+  whether the fallback reader's catch-up through matches would pay past 64 units.
 
 Beside the daemon with its native reader: the daemon with the journalctl reader (the fallback;
 `--no-fallback` leaves it out), python-systemd's Reader through the same matches (when
@@ -60,6 +63,7 @@ from bench.scale_tables import signature_table
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 SECTIONS = ("units", "backlog", "lines", "tracker", "table")
+OPTIONAL_SECTIONS = ("matches",)  # only when named in --sections
 TRACKER_LINES = 500_000
 TRACKER_BYTES = 256 << 20  # lines of one tracker run: this much text, 500k to 16k lines
 TRACKER_LINES_MIN = 16_000  # 2,000 a unit: well past its head and tail
@@ -376,6 +380,59 @@ def section_table(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def section_matches(args: argparse.Namespace, worker: Worker) -> dict[str, Any]:
+    """journalctl with the units' matches against journalctl reading every entry, on the units
+    journals of 64 units and more (every entry is a supervised unit's there)."""
+    from vllm_supervisor.journal.reader import unit_matches
+
+    counts = [n for n in _ints(args.units) if n >= 64]
+    journals = {n: units_journal(n, root=args.cache) for n in counts}
+    raw: dict[int, dict[str, list[dict[str, Any]]]] = {
+        n: {"all": [], "matched": []} for n in counts
+    }
+    for run in range(args.runs):
+        for n in counts:
+            journal = journals[n]
+            for mode, extra in (("all", []), ("matched", unit_matches(journal.units))):
+                result = _journalctl(journal, extra, JOURNALCTL_UNITS_TIMEOUT_S)
+                raw[n][mode].append(result)
+                print(f"  matches run {run + 1}/{args.runs} {n:>4} units {mode:<8} {result}")
+    return {
+        "rows": {
+            str(n): {
+                "units": n,
+                **{
+                    f"{mode}_{key}": median([r[key] for r in raw[n][mode]])
+                    for mode in ("all", "matched")
+                    for key in ("wall_s", "cpu_s")
+                },
+                "runs": raw[n],
+            }
+            for n in counts
+        }
+    }
+
+
+def _journalctl(journal: ScaleJournal, extra: list[str], timeout_s: float) -> dict[str, Any]:
+    """`journalctl -D DIR -o export EXTRA... > /dev/null`: wall and CPU seconds (None when it
+    had not finished after `timeout_s`)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    try:
+        subprocess.run(
+            ["journalctl", f"--directory={journal.directory}", "--output=export", "--no-pager",
+             "--quiet", *extra],
+            stdout=subprocess.DEVNULL,
+            check=True,
+            timeout=timeout_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"wall_s": None, "cpu_s": None}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall_s": time.monotonic() - started, "cpu_s": cpu}
+
+
 def peer_available() -> bool:
     """Is python-systemd installed (the `bench` extra, or Debian's python3-systemd)?"""
     return importlib.util.find_spec("systemd") is not None
@@ -565,6 +622,19 @@ def tables(result: dict[str, Any]) -> str:
             out.append(
                 f"| {row['line_bytes']:,} B | {row['lines']:,} | {_fmt(row['us_per_line'])} |"
             )
+    matches = result.get("matches")
+    if matches:
+        out += [
+            "",
+            "| units | journalctl, every entry: wall (s) | CPU (s)"
+            " | journalctl, the units' matches: wall (s) | CPU (s) |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for row in matches["rows"].values():
+            out.append(
+                f"| {row['units']} | {_fmt(row['all_wall_s'])} | {_fmt(row['all_cpu_s'])}"
+                f" | {_fmt(row['matched_wall_s'])} | {_fmt(row['matched_cpu_s'])} |"
+            )
     table = result.get("table")
     if table:
         out += [
@@ -595,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         "lines": section_lines,
         "tracker": section_tracker,
         "table": section_table,
+        "matches": section_matches,
     }
     result: dict[str, Any] = {
         "label": args.label,
