@@ -308,3 +308,20 @@ class TestLateLines:
         tracker = InvocationTracker(TrackerConfig(settle_s=0))
         tracker.feed(line("a"))
         assert len(tracker.feed(event(LifecycleEvent.UNIT_FAILED))) == 1
+
+
+def test_a_run_closed_as_hung_takes_nothing_more() -> None:
+    """The hang watcher keeps no list of its own: once closed as hung, the run's late line and
+    PID 1's messages about its end are dropped by the tracker, never a second end."""
+    tracker = InvocationTracker(TrackerConfig(settle_s=0))
+    tracker.feed(line("EngineDeadError", inv="H"))
+    closed = tracker.close(UNIT, None, "H", Ending.HUNG)
+    assert closed is not None and closed.ending is Ending.HUNG
+    after = [
+        line("INFO shutting down", inv="H"),
+        event(LifecycleEvent.PROCESS_EXITED, inv="H", EXIT_CODE="exited", EXIT_STATUS="1"),
+        event(LifecycleEvent.UNIT_FAILED, inv="H", UNIT_RESULT="exit-code"),
+        event(LifecycleEvent.JOB_STOPPED, inv="H", JOB_TYPE="stop"),
+    ]
+    assert feed_all(tracker, after) == []
+    assert tracker.late_lines == 1
