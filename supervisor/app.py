@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -43,7 +41,6 @@ from .engines.profiles import install as install_engines
 from .engines.profiles import load_engines
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
-from .errors import StateError
 from .journal.reader import JournalctlReader, ReaderSettings
 from .loop.acting import Job
 from .loop.checkpoint import Checkpointer, Position
@@ -72,11 +69,11 @@ from .telemetry.http import (
     sinks_check,
 )
 from .telemetry.metrics import Metrics
+from .util.daemon_lock import DaemonLock
 from .util.files import make_dirs
 
 log = structlog.get_logger(__name__)
 
-LOCK_NAME = "daemon.lock"
 CLOSE_BUDGET_S = 3.0  # sockets, the bus and the Slack client, closed together after the daemon
 
 
@@ -377,42 +374,6 @@ async def _listen(config: Config, server: MetricsServer, gates: GateServer) -> N
             action="gates fall back to the quarantine records alone (a short RestartSec= "
             "may let one start through before a halt)",
         )
-
-
-class DaemonLock:
-    """One daemon per state directory: a second one refuses to start, in one line.
-
-    Two daemons on one database would both act and both notify (every message twice).
-    """
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / LOCK_NAME
-        self._fd: int | None = None
-
-    def __enter__(self) -> DaemonLock:
-        try:
-            make_dirs(self.path.parent)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise StateError(f"{self.path}: cannot open the lock file: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise StateError(
-                f"{self.path.parent}: another vllm-supervisor (pid {holder}) already uses this "
-                "state directory; stop it first, or give this one its own --state-dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the lock
-            self._fd = None
 
 
 def _slack_reload(

@@ -214,7 +214,9 @@ class TestWeakEvidenceNeverHalts:
 
     def test_a_guess_is_no_ground_for_an_inference(self, table: SignatureTable) -> None:
         """No error line; a warning that looks like trouble ("file does not exist"); killed
-        while loading: the kill is the cause, nothing is inferred."""
+        while loading: the kill is the cause, and the warning's words infer nothing. systemd
+        saw the main process killed with no stop job: someone else's signal, transient by the
+        ending alone, so repeats of it are never halted."""
         verdict, decision = _decide_one(
             table,
             _lines_invocation(
@@ -230,7 +232,10 @@ class TestWeakEvidenceNeverHalts:
             ),
         )
         assert verdict.root_cause == "Main process exited, code=killed, status=9/KILL"
-        assert verdict.basis == "unknown" and verdict.confidence == "low"
+        assert verdict.severity is Severity.TRANSIENT and verdict.basis == "inferred"
+        assert verdict.severity_reason is not None
+        assert "killed by SIGKILL" in verdict.severity_reason
+        assert "does not exist" not in verdict.severity_reason
         assert decision.action is Action.ALLOW_RESTART
 
     def test_a_run_whose_start_was_not_read_infers_nothing(self, table: SignatureTable) -> None:

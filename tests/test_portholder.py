@@ -33,7 +33,6 @@ from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.commands.gate import EXIT_QUARANTINED, gate_main
-from vllm_supervisor.commands.preflight import Status, check_port
 from vllm_supervisor.config import Config, DriftConfig, UnitConfig
 from vllm_supervisor.decide.port_evidence import PortEvidence, port_of
 from vllm_supervisor.environment.ports import (
@@ -47,6 +46,7 @@ from vllm_supervisor.environment.ports import (
     unit_of_cgroup,
     with_unit_uid,
 )
+from vllm_supervisor.environment.preflight import Status, check_port
 from vllm_supervisor.environment.socket_cgroups import (
     cgroup_path,
     cgroup_pids,

@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from notify_fakes import make_outcome
 
+from vllm_supervisor.actions.preflight import run_preflight
 from vllm_supervisor.actions.quarantine import Quarantine
-from vllm_supervisor.cli import _history_text
-from vllm_supervisor.commands.preflight import run_preflight
+from vllm_supervisor.commands.history import _history_text
 from vllm_supervisor.commands.triage import render_text
 from vllm_supervisor.journal.writer import JournalWriter
 from vllm_supervisor.model import Action, Outcome, Severity, Taken

@@ -23,8 +23,14 @@ in a crash no signature knows, each piece named in the verdict's `severity_reaso
 - *the raise statement*: a traceback cut before its exception line still shows, in its
   innermost frame, the `raise ValueError("...")` that raised it (the classifier makes that
   line the cause; its class and words count as an exception line's).
-- *how it ended*: the main process killed by SIGKILL, SIGTERM or the OOM killer was killed
-  from outside; nothing in the start itself says that happens again.
+- *how it ended*: the main process killed by SIGKILL or SIGTERM (`code=killed`, no stop job)
+  was killed from outside, by a person or an orchestrator; nothing in the start itself says
+  that happens again, and such a kill is never halted however often it repeats. systemd's
+  OOM-kill message (MESSAGE_ID fe6faa94...) says more: the unit's memory ran out. After
+  serving that is the load's doing (transient); before the server ever served it is the
+  model's load meeting the same limit, memory short while loading as "out of memory" is, but
+  only by the ending: it leans fatal, so the same kill after about the same time on the next
+  start halts.
 - *drift*: a change in the served environment since the last good start.
 - *repetition* is the policy's (supervisor.decide.policy): the same fingerprint ending
   consecutive starts, each after about the same time.
@@ -137,6 +143,7 @@ def weigh(
     facts: CauseFacts = NO_FACTS,
     lexicon: Lexicon | None = None,
     invocation: Invocation | None = None,
+    phase: Phase | None = None,
 ) -> Evidence:
     """The clues of the root cause's words, class and raise site, and of how the invocation
     ended, weighed against each other. A line that only points at a cause printed elsewhere
@@ -145,7 +152,7 @@ def weigh(
     lexicon = lexicon or default_lexicon()
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     clues: list[Clue] = []
-    if invocation is not None and (ended := _killed_from_outside(invocation)) is not None:
+    if invocation is not None and (ended := _killed(invocation, phase)) is not None:
         clues.append(ended)
     if not (facts.pointer or facts.guessed):
         words = (facts.words or cause)[:_MAX_CAUSE_CHARS]
@@ -169,12 +176,22 @@ def weigh(
 # The main process killed by SIGKILL or SIGTERM with no stop job (that is Ending.STOPPED): the
 # OOM killer, a person, an orchestrator. A crash inside dumps core or exits with a status.
 _OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM"}
+# Results for which systemd itself sent the signal (TimeoutStartSec=, WatchdogSec=): the same
+# start may take as long again, so the kill says nothing of a restart.
+_SYSTEMD_OWN_KILLS = frozenset({"timeout", "watchdog"})
 
 
-def _killed_from_outside(invocation: Invocation) -> Clue | None:
-    """How systemd says the invocation ended, when that was a kill from outside."""
+def _killed(invocation: Invocation, phase: Phase | None) -> Clue | None:
+    """How systemd says the invocation ended, when that was a kill: the OOM killer before the
+    server ever served (the load's memory peak, met again: leans deterministic), or any other
+    kill from outside (the OOM killer after serving, a person's or an orchestrator's signal)."""
+    if invocation.oom_killed and phase is not None and not phase.served and phase.start_seen:
+        said = "killed by the OOM killer before the server ever served"
+        return Clue("oom_kill_while_loading", Reads.DETERMINISTIC, Strength.WEAK, said, "ended")
     if invocation.oom_killed:
         said = "killed by the OOM killer"
+    elif invocation.result in _SYSTEMD_OWN_KILLS:
+        return None  # systemd's own kill of a start that took too long: not from outside
     elif invocation.exit_code == "killed" and invocation.exit_status in _OUTSIDE_SIGNALS:
         said = f"killed by {_OUTSIDE_SIGNALS[invocation.exit_status]}"
     else:
@@ -216,7 +233,7 @@ def assess(
         return verdict  # the table's word for this phase: unknown (classify.for_the_phase)
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     kind = _exception_kind(cause) or (facts.exception if facts.raise_statement else None)
-    evidence = weigh(verdict, facts, lexicon, invocation)
+    evidence = weigh(verdict, facts, lexicon, invocation, phase)
     clues = f"; evidence: {evidence.describe()}"
     if not phase.served and not phase.start_seen:
         return _unknown(
@@ -225,6 +242,14 @@ def assess(
             f"(how long it ran, and whether it served, are not known){clues}",
         )
     if verdict.confidence is Confidence.LOW:
+        if (killed := _killed_settles(evidence)) is not None:
+            return _inferred(
+                verdict,
+                Severity.TRANSIENT,
+                f"transient (inferred): {killed} {phase.describe()}, no stop job, and nothing "
+                f"in its own lines says why: systemd's record is the cause, and a restart does "
+                f"not meet someone else's signal again{clues}",
+            )
         if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
             return _inferred(
                 verdict,
@@ -294,7 +319,7 @@ def _overruled(
         return None
     if verdict.severity not in (Severity.FATAL, Severity.TRANSIENT):
         return None
-    evidence = weigh(verdict, facts, lexicon, invocation)
+    evidence = weigh(verdict, facts, lexicon, invocation, phase)
     severity = evidence.leaning
     if not evidence.settles() or severity is None or severity is verdict.severity:
         return None
@@ -309,6 +334,16 @@ def _overruled(
 
 
 _STARTUP_WORDS = "its traceback runs through the start-up steps"
+
+
+def _killed_settles(evidence: Evidence) -> str | None:
+    """A start with no cause line whose main process systemd saw killed from outside (a
+    signal with no stop job, or the OOM killer after serving), with no clue the other way:
+    the kill is the cause the journal knows for sure. What systemd said; None otherwise."""
+    if evidence.conflict or evidence.reads is not Reads.INDETERMINATE:
+        return None
+    ended = [c for c in evidence.clues if c.kind == "ended" and c.reads is Reads.INDETERMINATE]
+    return ended[0].said if ended else None
 
 
 def _quiet_cause_settles(

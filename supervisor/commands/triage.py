@@ -9,6 +9,7 @@ recorded it on this host (its state database).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -17,15 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..classify.signatures import SignatureTable
-from ..config import Config
-from ..environment.drift import RecordedDrift
-from ..journal.reader import ReaderSettings, read_all
-from ..journal.saved import (
+from ..classify import SignatureTable, load_table
+from ..config import Config, load_config, with_units
+from ..environment import RecordedDrift
+from ..journal import (
     JOURNAL_FILE_MAGIC,
+    ReaderSettings,
     decode_export,
     decode_json,
     plain_text_invocation,
+    read_all,
     read_file,
     sniff,
 )
@@ -33,6 +35,7 @@ from ..model import Action, Ended, Outcome
 from ..pipeline import Pipeline
 from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
+from .options import config_path
 
 EXIT_NO_ENTRIES = 2
 
@@ -161,3 +164,9 @@ def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Ended]:
         return ended + pipeline.finish()
 
     return asyncio.run(run())
+
+
+def main(args: argparse.Namespace) -> int:
+    """`triage`: classify a saved journal with the daemon's own pipeline."""
+    config = with_units(load_config(config_path(args)), args.unit)
+    return triage(args.source, config=config, table=load_table(config), output_format=args.format)

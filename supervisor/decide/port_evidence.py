@@ -42,7 +42,14 @@ import structlog
 
 from ..config import Config
 from ..engines.profiles import Engines, follow
-from ..environment.ports import Holder, Listener, holders, listeners, with_unit_uid
+from ..environment.ports import (
+    PORT_SIGNATURES,
+    Holder,
+    Listener,
+    holders,
+    listeners,
+    with_unit_uid,
+)
 from ..environment.userns import IdMap, own_id_map
 from ..errors import SystemdError
 from ..model import (
@@ -60,7 +67,6 @@ from ..model import (
 
 log = structlog.get_logger(__name__)
 
-PORT_SIGNATURES = frozenset({"port_in_use", "torch_distributed_port_in_use"})
 _GENERIC_PORT_IN_TEXT = (
     re.compile(r"\('[^']*', (\d{1,5})\b"),  # uvicorn: ('0.0.0.0', 8000)
     re.compile(r"\]:(\d{1,5})\b"),  # torch: [::]:29500
