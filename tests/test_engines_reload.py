@@ -107,7 +107,8 @@ def test_check_config_refuses_a_broken_engine_file_in_one_line(tmp_path: Path) -
     (engines / "acme.toml").write_text(ACME.replace("ERR|INF", "ERR|INF("))
     bad = check()
     assert bad.returncode == 2
+    # The line names the engine file at fault, not the config that did not mention it.
     assert bad.stderr.strip().splitlines() == [
-        f"vllm-supervisor: {config}: {engines / 'acme.toml'}: prefix[0].pattern: invalid regex: "
+        f"vllm-supervisor: {engines / 'acme.toml'}: prefix[0].pattern: invalid regex: "
         "missing ), unterminated subpattern at position 5"
     ]
