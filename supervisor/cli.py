@@ -517,7 +517,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """`setup`: the supervisor's unit, user, drop-ins, polkit rule and catalog, from the config."""
+    """`setup`: the supervisor's unit, user, drop-ins, polkit rule, catalog, man page and shell
+    completions, from the config."""
     from .commands import setup
 
     path = (args.config or INSTALLED_CONFIG).absolute()
