@@ -1,6 +1,6 @@
 """A crash loop of one unit under `Restart=always`, written as systemd 252 journals it.
 
-Per invocation, in journal order (the facts checked on systemd 252, DESIGN.md §2 and §5):
+Per invocation, in journal order (the facts checked on systemd 252, docs/DESIGN.md §2 and §5):
 
     PID 1   Starting U...                      7d4958e8...  JOB_TYPE=start  (a new INVOCATION_ID)
     PID 1   Started U.                         39f53479...  JOB_TYPE=start JOB_RESULT=done

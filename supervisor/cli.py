@@ -93,7 +93,7 @@ UNIT_HELP = "the systemd unit, e.g. vllm.service (an alias is taken for its unit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """All subcommands and their flags (the CLI contract of DESIGN.md §4)."""
+    """All subcommands and their flags (the CLI contract of docs/DESIGN.md §4)."""
     parser = _Parser(
         prog="vllm-supervisor",
         description="Halt systemd restart loops of LLM inference servers on deterministic crashes.",

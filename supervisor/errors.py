@@ -6,6 +6,7 @@ SupervisorError
 ├── JournalError               the journal cannot be read (journalctl missing, bad directory)
 ├── StateError                 the state database cannot be opened or written
 ├── ProbeError                 a served interpreter could not be probed (environment.probe)
+├── SetupError                 `setup` cannot go on: not root, a foreign file (commands.setup)
 └── ActionError                an action (systemd stop, Slack) failed; see `retryable`, `reason`
     ├── SystemdError           a D-Bus call to systemd failed
     └── NotifyError            a notification could not be delivered

@@ -225,7 +225,7 @@ class Verdict:
     leaning: Severity | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The `verdict` object of the triage/history JSON contract (DESIGN.md §4)."""
+        """The `verdict` object of the triage/history JSON contract (docs/DESIGN.md §4)."""
         return {
             "signature": self.signature,
             "severity": self.severity.value,

@@ -114,7 +114,9 @@ class TestCorpusDecisions:
         known = json.loads(BASELINE.read_text())["transient_halted_by_repetition"]
         assert known == sorted(known)
         assert {labels[f].severity for f in known} <= {"transient"}
-        assert len(known) <= 2, "the list may only shrink"
+        # Two were added with the issue-23 hold-out (407, 412): real excerpts cut before any
+        # cause line, transient by their issues' titles; no rule can read what is not there.
+        assert len(known) <= 4, "the list may only shrink"
 
     def test_baseline_fatal_loops_still_halt_first(
         self, corpus_runs: list[tuple[LogRun, Score]]
@@ -544,8 +546,8 @@ class TestBlind:
         """`--blind --format json` prints only the counts, with the exact keys, for "all" and
         every engine; the seen run of the same log halts where the blind one does not."""
         blind, seen = (
-            _bench("--blind", "--only", "01-*", "--format", "json"),
-            _bench("--only", "01-*", "--format", "json"),
+            _bench("--blind", "--only", "10-*", "--format", "json"),
+            _bench("--only", "10-*", "--format", "json"),
         )
         assert blind.returncode == 0, blind.stderr
         assert seen.returncode == 0, seen.stderr
@@ -565,10 +567,11 @@ class TestBlind:
 @needs_journal
 def test_command_line_blind_text() -> None:
     """`--blind` says it is blind and ends with blind and seen side by side."""
-    result = _bench("--blind", "--only", "01-*", "--jobs", "1")
+    result = _bench("--blind", "--only", "10-*", "--jobs", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("BLIND:")
     side_by_side = result.stdout.split("Blind / seen")[1]
-    # Blind, its one line has no signature: its words lean deterministic, so the second
-    # identical start halts (1 restart wasted); seen, its signature halts the first.
-    assert "| **all** | 1 | 0 / 1 of 1 | 1 / 0 |" in side_by_side
+    # Blind, only the wrapper `EngineCore failed to start.` of a cut traceback is left (the
+    # INFO line with the negative KV cache is no cause): halted by repetition on the third
+    # crash (2 restarts wasted); seen, its signature halts the first.
+    assert "| **all** | 1 | 0 / 1 of 1 | 2 / 0 |" in side_by_side

@@ -197,15 +197,17 @@ class TestWhatWrapsTheCause:
         assert verdict.confidence == "low"
 
     def test_a_wrapper_ranks_below_a_quieter_cause(self, empty: SignatureTable) -> None:
-        """A warning carrying the import's exception explains more than the wrapper after it,
-        but, a warning, only leans."""
+        """A warning carrying the import's exception explains more than the wrapper after it;
+        nothing louder explains the exit, so its own words settle it."""
         warning = (
             "WARNING 06-13 11:42:20 _custom_ops.py:11] Failed to import from vllm._C with "
             "ImportError('/v/vllm/_C.abi3.so: undefined symbol: _ZN5torch7Library')"
         )
         verdict = _judge(empty, [warning, f"{V1}EngineCore failed to start."])
         assert verdict.root_cause is not None and "undefined symbol" in verdict.root_cause
-        assert (verdict.severity, verdict.leaning) == (Severity.UNKNOWN, Severity.FATAL)
+        assert verdict.severity is Severity.FATAL
+        assert verdict.severity_reason is not None
+        assert "words 'undefined symbol'" in verdict.severity_reason
 
     def test_a_caught_import_warning_ranks_below_the_error(self, table: SignatureTable) -> None:
         """vLLM prints `Failed to import from vllm._C ...` (unlevelled here) and goes on: even
@@ -270,11 +272,11 @@ class TestWhatWrapsTheCause:
 
 
 class TestRepetitionAndSafety:
-    def test_a_deterministic_lean_halts_on_the_second_identical_start(
+    def test_a_cut_traceback_in_a_check_function_halts_on_the_first_start(
         self, empty: SignatureTable
     ) -> None:
-        """A cut traceback in a `_check_*` function: unknown on the first crash, halted when
-        the same crash ends the next start after the same time."""
+        """A cut traceback in a `_check_*` function before the server served, nothing the
+        other way: where it was raised and when settle it, the first crash halts."""
         texts = _traceback(
             (
                 f'File "{SITE}/vllm/worker/worker.py", line 231, in _check_if_gpu_supports_dtype',
@@ -288,7 +290,7 @@ class TestRepetitionAndSafety:
             invocation = failed_invocation(texts, invocation_id=f"{n:032x}")
             verdict, phase = judge(classifier, invocation, GOOD_START_S)
             actions.append(policy.decide(invocation, verdict, phase).action)
-        assert actions == [Action.ALLOW_RESTART, Action.HALT]
+        assert actions == [Action.HALT, Action.HALT]
 
     def test_a_kill_from_outside_is_no_deterministic_crash(self, empty: SignatureTable) -> None:
         """An error line worded deterministic, then the main process SIGKILLed (the OOM killer
@@ -389,3 +391,73 @@ class TestRepetitionAndSafety:
         if verdict.basis in ("inferred", "unknown"):
             assert verdict.severity_reason is not None
             assert "evidence: " in verdict.severity_reason
+
+
+class TestACauseRightBeforeABareExit:
+    """A warning or unlevelled line, printed before the start ended with its own exit status
+    and with nothing louder after it, is the program saying what is wrong (issue 23: "warnings
+    that name a fatal cause right before a bare exit")."""
+
+    LINE = (
+        "flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4). Please "
+        "install the same version of both packages."
+    )
+
+    def test_strong_deterministic_words_settle_it(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [self.LINE])
+        assert verdict.severity is Severity.FATAL
+        assert verdict.severity_reason is not None
+        assert "words 'does not match'" in verdict.severity_reason
+        assert "nothing louder explains the exit" in verdict.severity_reason
+
+    def test_a_kill_from_outside_settles_nothing(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [self.LINE], exit_code="killed", exit_status=9)
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_word_the_other_way_settles_nothing(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [f"{self.LINE} Connection reset by peer while checking."])
+        assert verdict.severity is not Severity.FATAL
+
+    def test_after_serving_it_settles_nothing(self, empty: SignatureTable) -> None:
+        served = {"served_us": 100_000_000, "ended_us": 4_000_000_000}
+        verdict = _judge(empty, [SERVING, self.LINE], **served)
+        assert verdict.severity is not Severity.FATAL
+
+    @settings(max_examples=150, deadline=None)
+    @given(text=st.text(min_size=1, max_size=200))
+    def test_a_killed_start_is_never_fatal_by_a_quiet_line(
+        self, empty: SignatureTable, text: str
+    ) -> None:
+        verdict = _judge(empty, [text, self.LINE], exit_code="killed", exit_status=9)
+        assert verdict.severity is not Severity.FATAL
+
+
+class TestWhereAStartupCrashWasRaised:
+    """A traceback cut before its exception line, before the server served: its innermost
+    frame in deterministic code (model loading, kernels, configuration, a check) and no clue
+    the other way settles it; in distributed or network code it does not."""
+
+    def test_model_loading_settles_it(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, _traceback(LOADER, exception=None))
+        assert verdict.severity is Severity.FATAL
+        assert verdict.severity_reason is not None
+        assert "raised in" in verdict.severity_reason
+
+    def test_distributed_code_does_not(self, empty: SignatureTable) -> None:
+        frame = (
+            f'File "{SITE}/torch/distributed/distributed_c10d.py", line 4010, in barrier',
+            "work = group.barrier(opts=opts)",
+        )
+        verdict = _judge(empty, _traceback(LOADER, frame, exception=None))
+        assert verdict.severity is not Severity.FATAL
+
+    def test_after_serving_it_does_not(self, empty: SignatureTable) -> None:
+        served = {"served_us": 100_000_000, "ended_us": 4_000_000_000}
+        verdict = _judge(empty, [SERVING, *_traceback(LOADER, exception=None)], **served)
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_kill_from_outside_does_not(self, empty: SignatureTable) -> None:
+        verdict = _judge(
+            empty, _traceback(LOADER, exception=None), exit_code="killed", exit_status=9
+        )
+        assert verdict.severity is not Severity.FATAL

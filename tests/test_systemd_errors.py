@@ -347,15 +347,12 @@ def test_the_error_tree_in_errors_py_is_the_code() -> None:
     import re
 
     import vllm_supervisor.errors as errors
-    from vllm_supervisor.environment.probe import ProbeError
-    from vllm_supervisor.notify.webhook import SlackRateLimited
 
-    classes = {c.__name__: c for c in (ProbeError, SlackRateLimited)}
-    classes.update({n: c for n, c in vars(errors).items() if isinstance(c, type)})
+    classes = {c.__name__: c for c in _subclasses(errors.SupervisorError)}
     parents: list[str] = []
-    drawn = 0
+    drawn: set[str] = set()
     for line in (errors.__doc__ or "").splitlines():
-        match = re.match(r"^([│ ]*)(?:[├└]── )?([A-Z]\w+Error|SlackRateLimited)\b", line)
+        match = re.match(r"^([│ ]*)(?:[├└]── )?([A-Z]\w+(?:Error|Limited))\b", line)
         if match is None:
             continue
         depth = len(match.group(1)) // 4 + (1 if "──" in line else 0)
@@ -363,5 +360,24 @@ def test_the_error_tree_in_errors_py_is_the_code() -> None:
         parents = [*parents[:depth], name]
         if depth:
             assert classes[name].__bases__[0] is classes[parents[depth - 1]], line
-        drawn += 1
-    assert drawn == 10
+        drawn.add(name)
+    assert drawn == set(classes), f"not drawn: {sorted(set(classes) - drawn)}"
+
+
+def _subclasses(base: type) -> set[type]:
+    """`base` and every subclass of it defined in any module of the package."""
+    import importlib
+    import pkgutil
+
+    import vllm_supervisor
+
+    for module in pkgutil.walk_packages(vllm_supervisor.__path__, "vllm_supervisor."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
+    found, todo = {base}, [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub.__module__.startswith("vllm_supervisor.") and sub not in found:
+                found.add(sub)
+                todo.append(sub)
+    return found

@@ -1,6 +1,6 @@
 """Halting a restart loop: quarantine the unit first, then stop it through systemd.
 
-The order matters (DESIGN.md §3): the quarantine record makes the unit's `ExecCondition=` gate
+The order matters (docs/DESIGN.md §3): the quarantine record makes the unit's `ExecCondition=` gate
 skip any start that races us, and only then does StopUnit cancel a pending restart or stop a
 start already under way. Stopping is idempotent and retried with bounded exponential backoff on
 retryable D-Bus errors; every attempt is bounded by `timeout_s`.

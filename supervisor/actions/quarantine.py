@@ -1,7 +1,7 @@
 """Quarantine records: one file per halted unit, the race-free half of halting a restart loop.
 
 `gate` (the served unit's `ExecCondition=`) refuses a start while a record exists, so a restart
-that races the supervisor's StopUnit is skipped by systemd itself (DESIGN.md §3). Records are
+that races the supervisor's StopUnit is skipped by systemd itself (docs/DESIGN.md §3). Records are
 written atomically (temp file, fsync, rename, directory fsync) so `gate` never sees a torn file;
 a record that does not parse still counts as quarantined (fail closed).
 """

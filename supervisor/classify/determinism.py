@@ -17,7 +17,9 @@ in a crash no signature knows, each piece named in the verdict's `severity_reaso
   a TimeoutError (not); RuntimeError, Exception and OSError say nothing either way.
 - *the raise site*: the innermost frame's module or function (argument parsing, model and
   weight loading, kernel selection, a `_check_*` function, an import; or distributed, HTTP,
-  hub code). Supporting evidence only: it tips an unknown crash, never settles one.
+  hub code). A weak clue alone; before the server ever served, a deterministic site with no
+  clue at all the other way settles fatal (`_loading_site`): a network, timeout or kill
+  always leaves a clue of its own, so where and when agreeing is what is left.
 - *the raise statement*: a traceback cut before its exception line still shows, in its
   innermost frame, the `raise ValueError("...")` that raised it (the classifier makes that
   line the cause; its class and words count as an exception line's).
@@ -33,10 +35,14 @@ deterministic win before the server ever served, transient on a strong indetermi
 any phase, and otherwise leaves the crash unknown, saying which way the weak evidence leans
 (`Verdict.leaning`: the policy halts an unknown crash that leans fatal on its second identical
 start instead of its third). A root-cause line the classifier is not sure of (a warning, a
-wrapper, a guess) never makes a crash fatal or transient, only leans. A signature's severity
-stands (the table may name another one for a phase: `startup_severity`, `serving_severity`),
-except a family's catch-all's (a negative priority: "a CUDA error" of no more specific kind,
-transient by default): before serving, strong evidence in its own line settles it instead.
+wrapper, a guess) never makes a crash fatal or transient, only leans, with one exception:
+a warning or unlevelled line chosen because nothing louder was printed, whose own words
+strongly read deterministic, before serving and before an exit of its own (no kill), is the
+program saying what is wrong right before it stopped (`_quiet_cause_settles`).
+A signature's severity stands (the table may name another one for a phase:
+`startup_severity`, `serving_severity`), except a family's catch-all's (a negative
+priority: "a CUDA error" of no more specific kind, transient by default): before serving,
+strong evidence in its own line settles it instead.
 """
 
 from __future__ import annotations
@@ -237,6 +243,15 @@ def assess(
             f"(how long it ran, and whether it served, are not known){clues}",
         )
     if verdict.confidence == "low":
+        if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
+            return _inferred(
+                verdict,
+                Severity.FATAL,
+                f"fatal (inferred): {said} {phase.describe()}, and nothing louder explains "
+                f"the exit: the same start prints it again{clues}{changed}",
+            )
+        if _loading_site(verdict, evidence, phase):
+            return _loading_site_verdict(verdict, kind, phase, clues + changed)
         return _unknown(
             verdict,
             f"unknown: no error line names the cause ({kind or 'a guess'}) "
@@ -269,6 +284,8 @@ def assess(
             f"fatal (inferred): {kind or 'a deterministic error'} {phase.describe()}: the "
             f"same inputs raise it again{clues}{changed}",
         )
+    if _loading_site(verdict, evidence, phase):
+        return _loading_site_verdict(verdict, kind, phase, clues + changed)
     if drift and evidence.reads is not Reads.INDETERMINATE:
         return _inferred(
             verdict,
@@ -306,6 +323,60 @@ def _overruled(
         f"{severity.value} (inferred): {kind} {phase.describe()}; the table's catch-all "
         f"'{verdict.signature}' says {verdict.severity.value} for any such error, its own "
         f"words say more; evidence: {evidence.describe()}",
+    )
+
+
+_STARTUP_WORDS = "its traceback runs through the start-up steps"
+
+
+def _quiet_cause_settles(
+    verdict: Verdict,
+    facts: CauseFacts,
+    evidence: Evidence,
+    phase: Phase,
+    invocation: Invocation,
+) -> str | None:
+    """A warning or an unlevelled line chosen as the cause because nothing louder was printed
+    (not a guess, not a wrapper), whose own words strongly read deterministic, in a start
+    that never served and ended with an exit status of its own (no kill from outside): the
+    program said what is wrong and stopped. What it was, for the reason; None otherwise.
+
+    An engineer reads `flashinfer-cubin version (0.6.13) does not match ...` printed right
+    before a bare exit as the cause; a line after serving, or one whose run was killed, or
+    one with any word the other way, proves nothing."""
+    if facts.guessed or facts.pointer or phase.served or not phase.start_seen:
+        return None
+    if invocation.oom_killed or invocation.exit_code == "killed":
+        return None
+    if evidence.conflict or any(c.reads is Reads.INDETERMINATE for c in evidence.clues):
+        return None
+    words = [c for c in evidence.clues if c.kind == "words" and c.reads is Reads.DETERMINISTIC]
+    if not any(c.strength >= Strength.STRONG for c in words):
+        return None
+    return f"a warning or unlevelled line whose words read deterministic ({words[0].said!r})"
+
+
+def _loading_site(verdict: Verdict, evidence: Evidence, phase: Phase) -> bool:
+    """Two weak clues that agree make a strong one: the innermost frame is in deterministic
+    code (model and weight loading, kernel selection, configuration, a `_check_*` function)
+    and the traceback runs through the start-up steps (load_model, init_device, warmup...),
+    before the server ever served, with no clue at all the other way. A crash raised there
+    meets the same files, GPU and arguments on the next start; a network, timeout or kill
+    always leaves a clue of its own (its words, its class, its module, its ending)."""
+    if phase.served or not phase.start_seen or verdict.phase_hint == "serving":
+        return False
+    if evidence.conflict or any(c.reads is Reads.INDETERMINATE for c in evidence.clues):
+        return False
+    return any(c.kind == "raised in" and c.reads is Reads.DETERMINISTIC for c in evidence.clues)
+
+
+def _loading_site_verdict(verdict: Verdict, kind: str | None, phase: Phase, said: str) -> Verdict:
+    return _inferred(
+        verdict,
+        Severity.FATAL,
+        f"fatal (inferred): {kind or 'a crash'} raised in deterministic code while the server "
+        f"was starting ({_STARTUP_WORDS}), {phase.describe()}: where and when agree, and no "
+        f"clue says a restart could help{said}",
     )
 
 

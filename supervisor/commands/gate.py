@@ -1,6 +1,6 @@
 """`vllm-supervisor gate UNIT` and `release UNIT`: the ExecCondition check and its undo.
 
-`gate` runs as the served unit's `ExecCondition=` (DESIGN.md §3): exit 1 skips the start (and,
+`gate` runs as the served unit's `ExecCondition=` (docs/DESIGN.md §3): exit 1 skips the start (and,
 since systemd PR #22259, a skipped start is not restarted even with `Restart=always`), exit 0
 lets it run. It runs from *another* unit, so it must not trust that unit's RUNTIME_DIRECTORY:
 it reads the installed config (or `--config`), checks the configured directories and the

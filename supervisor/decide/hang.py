@@ -3,7 +3,7 @@
 vLLM's API server outlives its EngineCore or a worker (it logs `EngineDeadError`, `Engine core
 proc EngineCore_0 died unexpectedly`, ...) and answers every request with 500 while the unit stays
 `active`; SGLang's scheduler can log `Scheduler hit an exception` and never exit
-(DESIGN.md §2, vllm-project/vllm#48966). No lifecycle message ever comes, so the daemon has to
+(docs/DESIGN.md §2, vllm-project/vllm#48966). No lifecycle message ever comes, so the daemon has to
 notice it.
 
 `HangDetector` is pure: it notes each unit's first engine-death line and says when the grace

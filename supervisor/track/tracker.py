@@ -10,7 +10,7 @@ newer invocation (its end was never logged) or a new boot of its host (it ended 
 
 The tracker is *total*: no content and no order of entries raises. Every invocation is returned
 exactly once, and no entry lands in two invocations: an entry of an invocation already returned
-is dropped (counted in `late_lines` or `late_events`), a line without an invocation id goes to
+is dropped (a service line counted in `late_lines`), a line without an invocation id goes to
 the invocation of the same process, else the running one.
 
 After its end an invocation waits `settle_s` (journal time) for late lines: journald relays a
@@ -377,7 +377,6 @@ class InvocationTracker:
         self._settling = 0  # builders waiting for late lines, over all tracks
         self._notices: list[SuppressionNotice] = []
         self.late_lines = 0  # lines of invocations already returned (dropped)
-        self.late_events = 0  # PID 1's messages about invocations already returned
         # The fast path's memo: the track and invocation of the last service line.
         self._last: tuple[str | None, str | None, str | None, _Builder] | None = None
 
@@ -474,7 +473,6 @@ class InvocationTracker:
         if stop_job and track.pending_restart_of == invocation_id:
             track.pending_restart_of = None  # a stop job cancelled the pending restart
         if invocation_id is not None and invocation_id in track.closed:
-            self.late_events += 1
             return []
         if event is None and _KILL_REQUEST.search(entry.message):
             killed = track.builder_of(invocation_id)

@@ -1,4 +1,4 @@
-"""A real systemd in systemd-nspawn, for end-to-end tests (the checked recipe of DESIGN.md §2).
+"""A real systemd in systemd-nspawn, for end-to-end tests (the recipe checked in docs/DESIGN.md §2).
 
 `booted_container()` puts the spawner into fresh cgroups (one per v1 hierarchy, plus the
 unified one, under the test process's own cgroups), boots the host's own OS tree volatile
