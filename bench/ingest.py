@@ -102,7 +102,7 @@ def _supervisor(directory: Path, unit: str, *, source: str) -> Any:
         classify_s.append(seconds)
 
     pipeline = Pipeline(config, table, observer=observe)
-    # The settings `triage._from_journal` and `Daemon._reader_settings` build (no follow).
+    # The settings `triage._from_journal` and `app.reader_settings` build (no follow).
     settings = ReaderSettings(
         units=(unit,),
         directory=directory,

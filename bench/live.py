@@ -5,10 +5,11 @@ wall-clock write time as `__REALTIME_TIMESTAMP`, and every few seconds a crash (
 PID 1's exit, failure and restart messages, then a new start). The follower is a separate process
 (`python -m bench.live ROOT`) running `supervisor.daemon.Daemon` as `app.run_daemon` builds it
 (store, metrics, halter with systemd disabled, journalctl following `ROOT/journal`), with
-`handle_batch` wrapped to note when each entry was handled. Figures:
+its batch handling wrapped to note when each entry was handled. Figures:
 - lag: time handled - `__REALTIME_TIMESTAMP` of each entry (written -> handled), p50/p99;
-- crash latency: decision made - timestamp of the entry that ended the invocation (PID 1's
-  "Failed with result", written right after "Main process exited"), p50/p99;
+- crash latency: decision acted on and committed - timestamp of the entry that ended the
+  invocation (PID 1's "Failed with result", written right after "Main process exited"),
+  p50/p99;
 - CPU %: the follower's CPU (every thread) plus its reader child's, from `ready` to SIGTERM,
   / wall time. Each process's start and exit lie outside that window, for every follower
   alike: the figure is the cost of following, not of an interpreter starting.
@@ -256,6 +257,7 @@ async def _follow(root: Path) -> dict[str, Any]:
         UnitConfig,
     )
     from vllm_supervisor.daemon import Daemon
+    from vllm_supervisor.loop.acting import Acting, Job
     from vllm_supervisor.model import JournalEntry, Outcome
     from vllm_supervisor.telemetry.metrics import Metrics
 
@@ -272,7 +274,7 @@ async def _follow(root: Path) -> dict[str, Any]:
     was_built = asyncio.Event()
     batches: list[int] = []  # entries per handled batch
     loop_lags: list[float] = []  # the daemon's own event-loop lag samples (ms)
-    handle_batch = Daemon.handle_batch
+    handle = Daemon._handle
     init = Daemon.__init__
 
     # The harness times the real daemon from outside: the class is patched in this process only.
@@ -281,33 +283,34 @@ async def _follow(root: Path) -> dict[str, Any]:
         built.append(self)
         was_built.set()
 
-    async def timed(self: Daemon, batch: list[JournalEntry]) -> list[Outcome]:
-        outcomes = await handle_batch(self, batch)
+    async def timed(self: Daemon, batch: list[JournalEntry]) -> list[asyncio.Future[Outcome]]:
+        outcomes = await handle(self, batch)
         now = time.time()
         batches.append(len(batch))
         lags.extend((now - e.realtime_us / 1e6) * 1000 for e in batch)
         return outcomes
 
-    async def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
-        # Decided in a batch or by the settle loop, every outcome is committed here.
-        await commit(self, outcomes, force=force)
+    async def committing(self: Acting, unit: str, jobs: list[Job]) -> None:
+        # Decided in a batch or by the settle loop, every outcome is acted on and committed
+        # as taken here, in its unit's lane.
+        await carry_out(self, unit, jobs)
         now = time.time()
         crash_ms.extend(
-            (now - (o.invocation.ended_us or 0) / 1e6) * 1000
-            for o in outcomes
-            if o.invocation.failed
+            (now - (j.outcome.invocation.ended_us or 0) / 1e6) * 1000
+            for j in jobs
+            if j.outcome.invocation.failed
         )
 
     def lagging(self: Metrics, seconds: float) -> None:
         loop_lag(self, seconds)
         loop_lags.append(seconds * 1000)
 
-    commit = Daemon._commit
+    carry_out = Acting.carry_out
     loop_lag = Metrics.loop_lag
     Metrics.loop_lag = lagging  # type: ignore[method-assign]
     Daemon.__init__ = noting_init  # type: ignore[method-assign]
-    Daemon.handle_batch = timed  # type: ignore[method-assign]
-    Daemon._commit = committing  # type: ignore[method-assign]
+    Daemon._handle = timed  # type: ignore[method-assign]
+    Acting.carry_out = committing  # type: ignore[method-assign]
     stop = asyncio.Event()
     window = _Window()
 

@@ -50,7 +50,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         UnitConfig,
     )
     from vllm_supervisor.daemon import Daemon
-    from vllm_supervisor.model import Outcome
+    from vllm_supervisor.loop.acting import Acting, Job
 
     decisions: list[tuple[float, str | None]] = []
     decided_all = asyncio.Event()
@@ -58,7 +58,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         decided_all.set()
     built: list[Daemon] = []
     was_built = asyncio.Event()
-    init, commit = Daemon.__init__, Daemon._commit
+    init, carry_out = Daemon.__init__, Acting.carry_out
 
     # The harness times the real daemon from outside: the class is patched in this process only.
     def noting_init(self: Daemon, *args: Any, **kwargs: Any) -> None:
@@ -66,15 +66,16 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         built.append(self)
         was_built.set()
 
-    async def committing(self: Daemon, outcomes: list[Outcome], *, force: bool = False) -> None:
-        await commit(self, outcomes, force=force)
+    async def committing(self: Acting, unit: str, jobs: list[Job]) -> None:
+        # Every decided outcome is acted on and committed as taken here, in its unit's lane.
+        await carry_out(self, unit, jobs)
         now = time.monotonic()
-        decisions.extend((now, o.invocation.unit) for o in outcomes if o.invocation.failed)
+        decisions.extend((now, unit) for j in jobs if j.outcome.invocation.failed)
         if len(decisions) >= spec["expect"]:
             decided_all.set()
 
     Daemon.__init__ = noting_init  # type: ignore[method-assign]
-    Daemon._commit = committing  # type: ignore[method-assign]
+    Acting.carry_out = committing  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory(prefix="vllm-supervisor-scale-") as tmp:
         root = Path(tmp)
         config = Config(

@@ -1,4 +1,10 @@
-"""Wires the live daemon from a config: store, metrics, HTTP endpoint, systemd, Slack, watchdog."""
+"""Wires the live daemon from a config: store, metrics, HTTP endpoint, systemd, Slack, watchdog.
+
+`compose_daemon` is the composition root of the loop (structlog's `configure(processors=[...])`
+is the model): the journal source, the pipeline, the replay, the checkpointer, the units' lanes,
+the settler, the gates and the reloader are built here and handed to `Daemon`, which builds
+none of its parts; a test hands in a source of its own (no journal) or any other part.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ from .actions.actor import Actor
 from .actions.gatekeeper import GateServer, socket_path
 from .actions.halt import Halter
 from .actions.installed import InstalledUnits
+from .actions.lanes import Lanes
 from .actions.quarantine import (
     Quarantine,
     quarantine_dir,
@@ -27,22 +33,41 @@ from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
 from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
+from .classify.signatures import SignatureTable
 from .classify.table import load_table
-from .config import Config, parse_listen, resolve_webhook
-from .daemon import Daemon, supervised_machine_id
+from .config import Config, parse_listen
+from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
+from .engines.profiles import install as install_engines
+from .engines.profiles import load_engines
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
 from .errors import StateError
-from .notify.alertmanager import AlertmanagerSink
-from .notify.outbox import Outbox
+from .journal.reader import JournalctlReader, ReaderSettings
+from .loop.acting import Job
+from .loop.checkpoint import Checkpointer, Position
+from .loop.gates import GateService
+from .loop.reload import PartReload, Reloader
+from .loop.replay import Replay
+from .loop.settle import Settler
+from .notify.fanout import Notifications, build_notifications
+from .notify.slack import SlackSink
 from .notify.webhook_reload import SlackReload, credential_source
-from .store import Store
+from .pipeline import Pipeline
+from .seams import (
+    BatchHook,
+    DriftLookup,
+    JournalSource,
+    Notifying,
+    OutcomeSource,
+    StatusReporter,
+    Task,
+)
+from .store import Checkpoint, Store
 from .telemetry.http import (
     HealthCheck,
     MetricsServer,
-    SinkState,
     combine_health,
     following_check,
     sinks_check,
@@ -76,6 +101,7 @@ async def _run(
     config: Config, stop: asyncio.Event, reload: asyncio.Event, reload_config: Callable[[], Config]
 ) -> None:
     table = load_table(config)
+    install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
     store, corrupt = Store.recover_in_directory(config.state.state_dir)
     if corrupt is not None:
         log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")
@@ -92,14 +118,12 @@ async def _run(
     names = RealNames(control if config.journal.directory is None else None)
     config = await names.resolve(config)
     notifier = Notifier()
-    outbox = Outbox(store, None, metrics, config.slack, host=socket.gethostname())
-    # The webhook, and at each reload the one its source names then (notify.webhook_reload).
-    slack = SlackReload(
-        outbox,
-        resolve_webhook(config.slack),
-        timeout_s=config.slack.timeout_s,
-        credential_source=credential_source(control) if control else None,
+    # Every sink (notify.fanout), one notifier; Slack's webhook at each reload is the one its
+    # source names then (notify.webhook_reload).
+    notify = build_notifications(
+        config, store=store, metrics=metrics, quarantined=lambda: quarantine_records(config)
     )
+    slack = _slack_reload(notify, config, control)
     halter = Halter(
         Quarantine(quarantine_dir(config)),
         control,
@@ -145,39 +169,29 @@ async def _run(
         machine_id=supervised_machine_id(config),
         unit_uid=control.unit_uid if control is not None else None,
     )
-    sinks: list[AlertmanagerSink] = []
-    if config.alertmanager.url is not None:
-        sinks.append(
-            AlertmanagerSink(
-                config.alertmanager,
-                store,
-                lambda: quarantine_records(config),
-                host=socket.gethostname(),
-                metrics=metrics,
-            )
-        )
-    daemon = Daemon(
+    reader = journal_reader(config, store.load_checkpoint(), metrics)
+    daemon = compose_daemon(
         config,
         table,
+        reader=reader,
         store=store,
         metrics=metrics,
         actor=actor,
-        notifier=outbox,
+        notifier=notify,
         reporter=notifier,
         load_config=reload_config,
         hooks=[hangs, recorder, ports],
         tasks=[
             recorder.run,
             _watchdog(notifier),
-            *(s.run for s in sinks),
             *(w.run for w in watches),
             installed.run,
         ],
-        wakers=[s.wake for s in sinks],
+        wakers=[notify.wake],
         sources=[hangs],
         drift=recorder.changes,
         names=names,
-        reloaders=[slack.reload],
+        reloaders=[slack.reload] if slack is not None else [],
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),
@@ -194,25 +208,15 @@ async def _run(
         refresh_halted()
 
     refresh_halted()
-    metrics.reader_memory(lambda: daemon.reader.memory_bytes())
-
-    def slack_state() -> SinkState:
-        if slack.webhook is None:
-            return SinkState("off", "no webhook URL configured")
-        if slack.webhook.problem is not None:
-            return SinkState("invalid_url", f"the webhook URL {slack.webhook.problem}")
-        return SinkState("on", outbox.last_error)
-
-    def alertmanager_state() -> SinkState:
-        return sinks[0].state() if sinks else SinkState("off", "no alertmanager.url")
+    metrics.reader_memory(reader.memory_bytes)
 
     server = MetricsServer(
         metrics,
         combine_health(
             following_check(metrics),
             _state_health(daemon),
-            outbox.health,
-            sinks_check({"slack": slack_state, "alertmanager": alertmanager_state}),
+            notify.health,
+            sinks_check(notify.states()),
         ),
         before_scrape=before_scrape,
     )
@@ -221,9 +225,119 @@ async def _run(
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
-        closing = [gates.close(), server.close(), systemd.close(), slack.aclose()]
+        closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
         store.close()
+
+
+def compose_daemon(
+    config: Config,
+    table: SignatureTable,
+    *,
+    store: Store,
+    metrics: Metrics,
+    reader: JournalSource | None = None,
+    actor: Actor | None = None,
+    notifier: Notifying | None = None,
+    reporter: StatusReporter | None = None,
+    load_config: Callable[[], Config] | None = None,
+    hooks: Sequence[BatchHook] = (),
+    tasks: Sequence[Task] = (),
+    sources: Sequence[OutcomeSource] = (),
+    drift: DriftLookup | None = None,
+    wakers: Sequence[Callable[[], None]] = (),
+    names: RealNames | None = None,
+    reloaders: Sequence[PartReload] = (),
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+) -> Daemon:
+    """The live daemon for `config`, its parts built around the `reader` given (by default the
+    system journal's, or `journal.directory`, from the saved checkpoint)."""
+    checkpoint = store.load_checkpoint()
+    pipeline = Pipeline(
+        config,
+        table,
+        policy_state=store.load_unit_states(),
+        observer=metrics.outcome,
+        on_skip=lambda: metrics.entry_invalid("pipeline_error"),
+        drift=drift,
+    )
+    reader = reader or journal_reader(config, checkpoint, metrics)
+    names = names or RealNames(None)
+    lanes: Lanes[Job] = Lanes()
+    parts = Parts(
+        reader=reader,
+        pipeline=pipeline,
+        replay=Replay(checkpoint, pipeline),
+        checkpointer=Checkpointer(
+            store,
+            metrics,
+            notifier=notifier,
+            interval_s=config.state.checkpoint_interval_s,
+            retry_max_s=config.state.commit_retry_max_s,
+            position=Position(checkpoint=checkpoint, memory=pipeline.memory()),
+        ),
+        lanes=lanes,
+        # Ended invocations of this host are decided once journald has written their
+        # processes' last lines and the reader has read them, not after the whole settle
+        # window: only the system journal's own journald can be asked.
+        settler=Settler(
+            pipeline,
+            reader,
+            machine_id=supervised_machine_id(config),
+            early=config.journal.directory is None,
+        ),
+        gates=GateService(pipeline, reader, lanes, names),
+        reloader=Reloader(load_config, names=names, parts=reloaders, metrics=metrics),
+    )
+    metrics.register_units(u.name for u in config.units)
+    metrics.signature_table([s.id for s in table.signatures], True)
+    return Daemon(
+        config,
+        parts,
+        store=store,
+        metrics=metrics,
+        actor=actor,
+        notifier=notifier,
+        reporter=reporter,
+        hooks=hooks,
+        tasks=tasks,
+        sources=sources,
+        wakers=wakers,
+        shutdown_grace_s=shutdown_grace_s,
+    )
+
+
+def journal_reader(config: Config, checkpoint: Checkpoint, metrics: Metrics) -> JournalctlReader:
+    """The daemon's reader of the system journal (or `journal.directory`), from `checkpoint`."""
+    return JournalctlReader(
+        reader_settings(config),
+        cursor=checkpoint.replay_from or checkpoint.cursor,
+        inclusive=checkpoint.replay_from is not None,
+        on_restart=metrics.source_restart,
+        on_invalid=lambda n: metrics.entry_invalid("unparsable_entry"),
+        on_following=metrics.following,
+        on_gap=metrics.cursor_gap,
+    )
+
+
+def reader_settings(config: Config) -> ReaderSettings:
+    """How the daemon reads the journal: following the configured units from where it left."""
+    journal = config.journal
+    start = journal.start_at
+    if start == "auto":
+        start = "head" if journal.directory is not None else "tail"
+    return ReaderSettings(
+        units=tuple(u.name for u in config.units),
+        directory=journal.directory,
+        journalctl=journal.journalctl,
+        source=journal.reader,
+        follow=True,
+        start_at=start,
+        on_bad_cursor=config.state.on_bad_cursor,
+        backoff_s=journal.restart_backoff_s,
+        backoff_max_s=journal.restart_backoff_max_s,
+        max_line_chars=config.tracker.max_line_chars,
+    )
 
 
 async def close_within(budget_s: float, closing: list[Coroutine[Any, Any, None]]) -> None:
@@ -303,17 +417,35 @@ class DaemonLock:
             self._fd = None
 
 
+def _slack_reload(
+    notify: Notifications, config: Config, control: SystemdClient | None
+) -> SlackReload | None:
+    """What applies a rewritten webhook URL at a reload, to the Slack sink and its lane."""
+    lane = notify.edge("slack")
+    if lane is None or not isinstance(lane.sink, SlackSink):
+        return None
+    return SlackReload(
+        lane.sink,
+        changed=lane.reset,
+        timeout_s=config.slack.timeout_s,
+        credential_source=credential_source(control) if control else None,
+    )
+
+
 def _state_health(daemon: Daemon) -> HealthCheck:
     """Healthy while every handled batch has reached the state database."""
 
     def check() -> tuple[bool, dict[str, Any]]:
-        pending, error = len(daemon.state.pending), daemon.state.commit_error
+        checkpointer = daemon.checkpointer
+        pending = len(checkpointer.pending) + len(checkpointer.decisions)
+        error = checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:
             reasons.append(f"state database not writable: {error}")
         return not reasons, {
-            "state_errors": daemon.state.state_errors,
+            "state_errors": checkpointer.state_errors,
             "pending_commits": pending,
+            "actions_under_way": daemon.lanes.pending(),  # decided, being carried out
             "last_verdict": daemon.state.last_verdict,
             "not_reloaded": daemon.state.not_reloaded,  # what waits for a restart
             "reasons": reasons,

@@ -28,6 +28,7 @@ from .config import (
     with_units,
 )
 from .errors import SupervisorError
+from .story import NO_ROOT_CAUSE, shown, told
 from .telemetry.logs import configure_logging
 from .util.text import for_terminal, visible
 
@@ -339,12 +340,15 @@ def cmd_triage(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """`check-config`: load the config and its signature table, report what was found."""
+    """`check-config`: load the config, its signature table and the engine files, report what
+    was found (as ExecReload=, a file the reload would refuse fails it here)."""
     from .classify.table import load_table
     from .config import check_webhook
+    from .engines.profiles import load_engines
 
     config = load_config(args.path or config_path(argparse.Namespace()))
     table = load_table(config)
+    engines = load_engines()
     # As the daemon's ExecReload= it runs as the daemon's user: what that user may not read
     # (the webhook's credential file, a unit directory) is a warning, not a refused reload.
     try:
@@ -352,7 +356,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"warning: the webhook URL was not checked: {exc.strerror}", file=sys.stderr)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
-    print(f"config ok: units: {units}; {len(table.signatures)} signatures")
+    print(
+        f"config ok: units: {units}; {len(table.signatures)} signatures; engines: "
+        f"{', '.join(engines.ids)}"
+    )
     from .commands.setup import alias_note, ask_systemd, missing_drop_ins
 
     # Where systemd cannot be asked (no bus here), names are checked as configured.
@@ -420,9 +427,10 @@ def _history_text(item: dict[str, Any]) -> str:
     text = (
         f"{_shown(item.get('time'))}  {_shown(item.get('unit'))}  "
         f"{_shown(item.get('invocation_id') or '-')}  {_shown(verdict.get('severity')):9} "
-        f"{_shown(verdict.get('signature') or '-'):32} {_shown(decision.get('action')):13} "
+        f"{_shown(verdict.get('signature') or '-'):32} "
         f"notified={item.get('notified')}{'  engine hung' if item.get('hung') else ''}\n"
-        f"    {_shown(verdict.get('root_cause'))}\n"
+        f"    {_shown(told(_text(decision.get('action')), _text(item.get('taken'))))}\n"
+        f"    {_shown(verdict.get('root_cause') or NO_ROOT_CAUSE)}\n"
     )
     drift = item.get("drift")
     if isinstance(drift, list) and drift:
@@ -431,7 +439,11 @@ def _history_text(item: dict[str, Any]) -> str:
 
 
 def _shown(value: object) -> str:
-    return visible(str(value))
+    return visible(shown(value))
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _mapping(value: object) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .engines.profiles import current
 from .errors import ConfigError
 from .util.urls import url_problem
 
@@ -187,27 +188,29 @@ class GateConfig:
     supervisor_restart_wait_s: float = 45.0
 
 
+# The libraries a served environment's drift is recorded for, beside the engines' packages.
+LIBRARIES: tuple[str, ...] = (
+    "torch",
+    "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
+    "triton",
+    "transformers",
+    "tokenizers",
+    "xformers",
+    "nvidia-nccl-cu12",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cudnn-cu12",
+    "ray",
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DriftConfig:
     """Environment recorded at each start of a served unit."""
 
-    packages: tuple[str, ...] = (
-        "vllm",
-        "sglang",
-        "text-generation-server",
-        "torch",
-        "flashinfer-python",
-        "flashinfer-cubin",
-        "flashinfer-jit-cache",
-        "triton",
-        "transformers",
-        "tokenizers",
-        "xformers",
-        "nvidia-nccl-cu12",
-        "nvidia-cuda-runtime-cu12",
-        "nvidia-cudnn-cu12",
-        "ray",
-    )
+    # Default: every engine file's packages, then the libraries they crash in.
+    packages: tuple[str, ...] = field(default_factory=lambda: (*current().packages, *LIBRARIES))
     good_start_s: float = 600.0  # an invocation that ran this long counts as a good start
 
 

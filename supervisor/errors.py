@@ -2,7 +2,8 @@
 
 SupervisorError
 ├── ConfigError                a config file or flag is wrong; the message names the key and fix
-│   └── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
+│   ├── SignatureTableError    the signature table does not load (bad regex, duplicate id, ...)
+│   └── EngineFileError        an engine file does not load (config/engines/<engine>.toml)
 ├── JournalError               the journal cannot be read (journalctl missing, bad directory)
 ├── StateError                 the state database cannot be opened or written
 ├── ProbeError                 a served interpreter could not be probed (environment.probe)
@@ -28,6 +29,10 @@ class ConfigError(SupervisorError):
 
 class SignatureTableError(ConfigError):
     """The signature table cannot be loaded; the message names the file, the id and the field."""
+
+
+class EngineFileError(ConfigError):
+    """An engine file cannot be loaded; the message names the file and the key."""
 
 
 class JournalError(SupervisorError):

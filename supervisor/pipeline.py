@@ -6,6 +6,7 @@ The live daemon adds actions and signals around this; `triage` adds printing. Bo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -17,8 +18,9 @@ from .classify.determinism import judge, phase_of
 from .classify.signatures import SignatureTable
 from .config import Config
 from .decide.policy import RestartPolicy
-from .model import Invocation, JournalEntry, Outcome, Severity, Verdict
+from .model import Ending, Invocation, JournalEntry, Outcome, Severity, Verdict
 from .track.tracker import InvocationTracker
+from .track.tracker import SuppressionNotice as SuppressionNotice  # what take_notices returns
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
@@ -88,6 +90,16 @@ class Pipeline:
                 outcomes.append(self.decide(invocation))
         return outcomes
 
+    def replay(self, entry: JournalEntry) -> None:
+        """Track an entry read again after a restart, up to the saved cursor: it only rebuilds
+        the open invocation, nothing ended by it is decided again. Guarded as `feed` is."""
+        if self._units and entry.unit not in self._units:
+            return
+        try:
+            self.tracker.feed(entry)
+        except Exception as exc:
+            self._skipped(entry, exc)
+
     def _skipped(self, entry: JournalEntry, exc: Exception) -> None:
         self.skipped_entries += 1
         self._on_skip()
@@ -111,6 +123,68 @@ class Pipeline:
         """Decide `host`'s ended invocations whose late lines are known to be read (the daemon
         asked journald's streams and the reader; see InvocationTracker.flush_drained)."""
         return [self.decide(inv) for inv in self.tracker.flush_drained(host, read_before)]
+
+    def close_hung(self, unit: str, host: str | None, invocation_id: str | None) -> Outcome | None:
+        """End the open invocation as hung (its engine died, the unit stays up) and decide it;
+        None when it is not open."""
+        invocation = self.tracker.close(unit, host, invocation_id, Ending.HUNG)
+        return None if invocation is None else self.decide(invocation)
+
+    def close_remaining(
+        self, unit: str, host: str | None, invocation_id: str | None
+    ) -> Outcome | None:
+        """End the open invocation whose server exited while the unit stays active
+        (RemainAfterExit=yes: nothing in the journal ends it) and decide it; None when it is
+        not open."""
+        invocation = self.tracker.close(unit, host, invocation_id, Ending.EXITED)
+        if invocation is None:
+            return None
+        invocation = dataclasses.replace(
+            invocation,
+            end_message="its main process exited; the unit stays active (exited) "
+            "under RemainAfterExit=yes",
+        )
+        return self.decide(invocation)
+
+    def next_deadline(self) -> float | None:
+        """When the next ended invocation's late-line window ends (monotonic); None if none."""
+        return self.tracker.next_deadline()
+
+    def supervises(self, unit: str) -> bool:
+        """True when `unit` is one of the configured units."""
+        return unit in self._units
+
+    def settling(self, unit: str | None) -> bool:
+        """True while an ended invocation of `unit` waits for its late lines."""
+        return self.tracker.settling(unit)
+
+    def settling_on(self, host: str) -> bool:
+        """True while an ended invocation of `host` waits for its late lines."""
+        return self.tracker.settling_on(host)
+
+    def has_seen(self, unit: str | None, invocation_id: str) -> bool:
+        """True once `unit`'s invocation `invocation_id` was read."""
+        return self.tracker.has_seen(unit, invocation_id)
+
+    def open_invocation(self, unit: str | None, host: str | None = None) -> Invocation | None:
+        """`unit`'s invocation that has not ended (on `host`), if any."""
+        return self.tracker.open_invocation(unit, host)
+
+    def take_notices(self) -> list[SuppressionNotice]:
+        """journald's late word that it dropped lines of invocations already decided."""
+        return self.tracker.take_notices()
+
+    def replay_from(self) -> str | None:
+        """The first entry of the oldest invocation still open: where a restart reads again."""
+        return self.tracker.replay_from()
+
+    def memory(self) -> dict[str, dict[str, Any]]:
+        """The policy's memory of each unit (a copy), for the state database."""
+        return self.policy.state()
+
+    def forget(self, unit: str) -> None:
+        """Drop what the policy remembers of `unit` (after `release`)."""
+        self.policy.forget(unit)
 
     def finish(self) -> list[Outcome]:
         """End every open invocation (the end of a saved journal) and decide about each."""

@@ -1,17 +1,17 @@
 """The seams of the daemon: what its parts hand each other, in one place.
 
 `app.run_daemon` composes the daemon from parts built beforehand (structlog's
-`configure(processors=[...])` is the model): hooks that see every batch and every outcome
-(drift, the port holder, the hang watcher), tasks that run beside it (the drift recorder, the
-watchdog), sources that find ended invocations the journal never reports (a hung engine), the
-actor, the notifier. No part reaches into the daemon: a source is handed `Supervision`, the
-narrow face of the daemon it needs, when it runs.
+`configure(processors=[...])` is the model): the journal source, hooks that see every batch
+and every outcome (drift, the port holder, the hang watcher), tasks that run beside it (the
+drift recorder, the watchdog), sources that find ended invocations the journal never reports
+(a hung engine), the actor, the notifier. No part reaches into the daemon: a source is handed
+`Supervision`, the narrow face of the daemon it needs, when it runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Protocol
 
 from .config import Config
@@ -22,6 +22,40 @@ from .store import Writer
 DriftLookup = Callable[[str, str], list[str]]
 # Runs beside the daemon until its event is set (the drift recorder, the watchdog).
 Task = Callable[[asyncio.Event], Coroutine[None, None, None]]
+
+
+class JournalSource(Protocol):
+    """Where the daemon's entries come from (supervisor.journal.reader.JournalctlReader); a test
+    hands in batches of its own."""
+
+    cursor: str | None  # the last entry read (of any unit): where the checkpoint stands
+    cursor_rejected: bool  # the saved cursor could not be found: nothing to replay up to
+    following: asyncio.Event  # set once it follows the journal live
+
+    @property
+    def can_sync(self) -> bool:
+        """True when `sync` can tell that every entry written so far is read."""
+        ...
+
+    def batches(self, stop: asyncio.Event | None = None) -> AsyncIterator[list[JournalEntry]]:
+        """Entries in journal order, in batches, until `stop`."""
+        ...
+
+    def kick(self) -> int | None:
+        """Look at the journal now."""
+        ...
+
+    async def sync(self, timeout_s: float) -> bool:
+        """True once every entry written before the call is handed out."""
+        ...
+
+    def follow_units(self, units: tuple[str, ...]) -> None:
+        """Follow these units from now on (a reload)."""
+        ...
+
+    def describe(self) -> str:
+        """Which reader runs, for the log."""
+        ...
 
 
 class BatchHook(Protocol):
@@ -61,7 +95,7 @@ class OutcomeSource(Protocol):
 
 
 class Notifying(Protocol):
-    """Queues and delivers notifications (supervisor.notify.outbox.Outbox)."""
+    """Queues and delivers notifications to every sink (supervisor.notify.fanout.Notifications)."""
 
     def writer_for(self, outcome: Outcome) -> Writer: ...
 

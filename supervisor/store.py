@@ -1,9 +1,14 @@
 """The state database (SQLite): journal checkpoint, policy state, crash history, outbox.
 
+Its schema is versioned (supervisor.migrations): opening a database upgrades it.
+
 Everything one handled batch changes is committed in **one transaction**: the new cursor, the
-invocations it classified, the policy's per-unit memory and the notifications it queued. A crash
-of the supervisor at any point therefore either keeps all of a batch or none of it, and the
-batch is read again from the previous cursor: every entry is handled exactly once.
+invocations it decided (each an action pending) and the policy's per-unit memory. A crash of the
+supervisor at any point therefore either keeps all of a batch or none of it, and the batch is
+read again from the previous cursor: every entry is handled exactly once. An action is carried
+out after its batch; what it did (`taken`) is committed with the invocation's history and the
+notifications it queued, in one transaction that also clears the pending action. A supervisor
+that dies in between finds the action pending at its next start (`pending_actions`).
 """
 
 from __future__ import annotations
@@ -20,24 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StateError
+from .migrations import migrate
 from .model import Outcome
+from .records import outcome_from_record, outcome_record
 from .util.files import make_dirs, private_file
 
 DATABASE_NAME = "state.sqlite3"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS unit_state (unit TEXT PRIMARY KEY, state TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY,
-    unit TEXT,
-    invocation_id TEXT,
-    time REAL NOT NULL,
-    outcome TEXT NOT NULL,
-    notified INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (unit, invocation_id)
-);
-"""
 
 Writer = Callable[[sqlite3.Connection], None]
 """Extra work to run inside a batch's transaction (e.g. queueing notifications)."""
@@ -76,7 +69,7 @@ class Store:
             self.connection.execute("PRAGMA journal_mode=WAL")
             # FULL: a committed cursor survives power loss, not only a crash of the process.
             self.connection.execute("PRAGMA synchronous=FULL")
-            self.connection.executescript(_SCHEMA)
+            migrate(self.connection, path)
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot open the state database: {exc}") from exc
         except OSError as exc:
@@ -191,9 +184,19 @@ class Store:
         unit_states: Mapping[str, Mapping[str, Any]] | None = None,
         extra: Sequence[Writer] = (),
         now: Callable[[], float] = time.time,
+        decided: Sequence[Outcome] = (),
     ) -> None:
-        """Commit everything one batch changed, atomically."""
+        """Commit everything one batch changed, atomically: the actions it `decided` (pending),
+        the `outcomes` whose actions were taken (history; their pending actions cleared)."""
         with self.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
+                [(o.invocation.unit, _key(o), _dump(outcome_record(o))) for o in decided],
+            )
+            db.executemany(
+                "DELETE FROM pending_action WHERE unit IS ? AND key = ?",
+                [(o.invocation.unit, _key(o)) for o in outcomes],
+            )
             for key, value in (("cursor", checkpoint.cursor), ("replay", checkpoint.replay_from)):
                 if value is None:
                     db.execute("DELETE FROM meta WHERE key = ?", (key,))
@@ -210,6 +213,18 @@ class Store:
                 )
             for write in extra:
                 write(db)
+
+    def pending_actions(self) -> tuple[list[Outcome], list[str]]:
+        """The actions decided and not yet taken, oldest first; and one line for each record
+        that cannot be read (it stays, for a person to look at)."""
+        rows = self.query("SELECT unit, key, outcome FROM pending_action ORDER BY id")
+        outcomes, unreadable = [], []
+        for unit, key, text in rows:
+            try:
+                outcomes.append(outcome_from_record(json.loads(text)))
+            except (ValueError, KeyError, TypeError) as exc:
+                unreadable.append(f"{unit} {key}: {type(exc).__name__}: {exc}")
+        return outcomes, unreadable
 
     def add_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
         """Append `note` to the verdict notes of invocations already recorded (a late fact)."""
@@ -260,6 +275,12 @@ def mark_notified(
         "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
         list(invocations),
     )
+
+
+def _key(outcome: Outcome) -> str:
+    """What identifies an invocation of its unit: its id, else its last entry's cursor."""
+    inv = outcome.invocation
+    return inv.invocation_id or f"cursor:{inv.last_cursor}"
 
 
 def _read_only_uri(path: Path) -> str:

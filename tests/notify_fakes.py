@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
+from vllm_supervisor.config import SlackConfig
 from vllm_supervisor.model import (
     Action,
     Decision,
@@ -17,6 +19,10 @@ from vllm_supervisor.model import (
     Verdict,
 )
 from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.slack import SlackSink
+from vllm_supervisor.notify.webhook import SlackWebhook
+from vllm_supervisor.store import Store
+from vllm_supervisor.telemetry.metrics import Metrics
 
 T0 = 1_800_000_000.0
 
@@ -73,6 +79,19 @@ def make_outcome(
         decision=Decision(action=action, reason="fatal signature", dry_run=dry_run),
         taken=taken,
     )
+
+
+def slack_outbox(
+    store: Store,
+    webhook: SlackWebhook | None,
+    metrics: Metrics,
+    config: SlackConfig,
+    *,
+    host: str,
+    **timing: Any,
+) -> Outbox:
+    """The outbox lane of a Slack sink posting to `webhook` (None: Slack off)."""
+    return Outbox(store, SlackSink(webhook, config), metrics, host=host, **timing)
 
 
 class FakeClock:

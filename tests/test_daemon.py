@@ -10,12 +10,13 @@ from pathlib import Path
 import structlog
 import structlog.testing
 from conftest import poll
+from notify_fakes import slack_outbox
 from slack_server import Reply, SlackServer
 
 from vllm_supervisor.actions.actor import Actor
 from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
-from vllm_supervisor.app import close_within
+from vllm_supervisor.app import close_within, compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
 from vllm_supervisor.config import Config, Secret, SlackConfig
@@ -39,7 +40,7 @@ async def _run_until(config: Config, writer: JournalWriter, history_len: int) ->
     store = Store.in_directory(config.state.state_dir)
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
     metrics = Metrics(new_registry(process=False))
-    daemon = Daemon(
+    daemon = compose_daemon(
         config,
         load_table(config),
         store=store,
@@ -108,7 +109,7 @@ async def test_cursor_only_batches_commit_at_most_each_interval_and_when_quiet(
         base, state=dataclasses.replace(base.state, checkpoint_interval_s=0.5)
     )
     store = Store.in_directory(config.state.state_dir)
-    daemon = Daemon(
+    daemon = compose_daemon(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
     )
     commits: list[str | None] = []
@@ -151,7 +152,7 @@ async def test_an_entry_whose_handling_raises_is_counted_and_skipped(tmp_path: P
     config = _config(tmp_path)
     store = Store.in_directory(config.state.state_dir)
     metrics = Metrics(new_registry(process=False))
-    daemon = Daemon(config, load_table(config), store=store, metrics=metrics)
+    daemon = compose_daemon(config, load_table(config), store=store, metrics=metrics)
     feed = daemon.pipeline.tracker.feed
     calls = 0
 
@@ -188,9 +189,9 @@ def _with_slack(
     """A daemon without systemd whose outbox posts to the loopback Slack `server`."""
     metrics = Metrics(new_registry(process=False))
     hook = SlackWebhook(Secret(server.url), timeout_s=slack.timeout_s)
-    outbox = Outbox(store, hook, metrics, slack, host="h")
+    outbox = slack_outbox(store, hook, metrics, slack, host="h")
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
-    daemon = Daemon(
+    daemon = compose_daemon(
         config,
         load_table(config),
         store=store,

@@ -11,7 +11,9 @@ from types import MappingProxyType
 
 import pytest
 from conftest import poll
+from handfed import HandFed, running
 
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.commands.triage import render_text
@@ -135,9 +137,10 @@ def _setup(
         snapshotter=env,
         on_snapshot=metrics.environment_snapshot,
     )
-    daemon = Daemon(
+    daemon = compose_daemon(
         config,
         load_table(config),
+        reader=HandFed(),
         store=store,
         metrics=metrics,
         hooks=[recorder],
@@ -186,7 +189,8 @@ class TestDriftRecorder:
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:
-            outcomes = await _crash_after_upgrade(daemon, env, serving=serving)
+            async with running(daemon):
+                outcomes = await _crash_after_upgrade(daemon, env, serving=serving)
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)
@@ -219,7 +223,8 @@ class TestDriftRecorder:
         )
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
-        await daemon.handle_batch([old])
+        async with running(daemon):
+            await daemon.handle_batch([old])
         stop.set()
         await asyncio.wait_for(task, 5)
         assert env.pythons == []
@@ -266,7 +271,8 @@ class TestDriftAsEvidence:
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:
-            crashed = await _unknown_crash_after(daemon, env, upgrade=upgrade)
+            async with running(daemon):
+                crashed = await _unknown_crash_after(daemon, env, upgrade=upgrade)
         finally:
             stop.set()
             await asyncio.wait_for(task, 5)

@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from handfed import HandFed, running
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_supervisor.actions.actor import Actor
 from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.config import Config, UnitConfig, validate
@@ -241,7 +243,10 @@ def _daemon(
     systemd: FakeSystemd | None = None,
     *,
     watcher: HangWatcher | None = None,
+    by_hand: bool = False,
 ) -> Daemon:
+    """The daemon on `config`'s journal; `by_hand`: on no journal, the test hands it batches
+    and checks the watcher itself."""
     halter = Halter(
         Quarantine(quarantine_dir(config)),
         systemd,  # type: ignore[arg-type]
@@ -249,14 +254,15 @@ def _daemon(
         timeout_s=1,
     )
     metrics = Metrics(new_registry(process=False))
-    return Daemon(
+    return compose_daemon(
         config,
         load_table(config),
         store=store,
         metrics=metrics,
         actor=Actor(halter, systemd, metrics),
         hooks=[watcher] if watcher is not None else [],
-        sources=[watcher] if watcher is not None else [],
+        sources=[watcher] if watcher is not None and not by_hand else [],
+        reader=HandFed() if by_hand else None,
     )
 
 
@@ -290,11 +296,12 @@ class TestHangWatcher:
             return not healthy
 
         watcher = HangWatcher(config, systemd=systemd, health=health, clock=clock)
-        daemon = _daemon(config, store, systemd, watcher=watcher)
-        await daemon.handle_batch([line("INFO starting"), line(DEAD)])
-        clock.now += 1
-        assert watcher.detector.due(clock.now) == [UNIT]
-        outcome = await watcher.check(UNIT, daemon)
+        daemon = _daemon(config, store, systemd, watcher=watcher, by_hand=True)
+        async with running(daemon):
+            await daemon.handle_batch([line("INFO starting"), line(DEAD)])
+            clock.now += 1
+            assert watcher.detector.due(clock.now) == [UNIT]
+            outcome = await watcher.check(UNIT, daemon)
         assert (outcome is not None) == hung
         assert systemd.calls == (2 if hung else 1)  # the watcher's check, then the actor's
         assert systemd.restarted == ([UNIT] if restarted else [])
@@ -312,13 +319,14 @@ class TestHangWatcher:
             return True  # failing
 
         watcher = HangWatcher(config, systemd=None, health=health, clock=clock)
-        daemon = _daemon(config, store, watcher=watcher)
-        await daemon.handle_batch([line("INFO starting"), line(DEAD)])
-        clock.now += 1
-        assert await watcher.check(UNIT, daemon) is not None
-        outcomes = await daemon.handle_batch(
-            [line("INFO shutting down"), pid1(LifecycleEvent.DEACTIVATED)]
-        )
+        daemon = _daemon(config, store, watcher=watcher, by_hand=True)
+        async with running(daemon):
+            await daemon.handle_batch([line("INFO starting"), line(DEAD)])
+            clock.now += 1
+            assert await watcher.check(UNIT, daemon) is not None
+            outcomes = await daemon.handle_batch(
+                [line("INFO shutting down"), pid1(LifecycleEvent.DEACTIVATED)]
+            )
         assert outcomes == []
         assert len(store.history()) == 1
 

@@ -19,8 +19,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "supervisor"
 
 # Lowest first. A prefix names a folder (every module in it) or a single module.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("supervisor", "supervisor.model", "supervisor.errors", "supervisor.util"),
+    (
+        "supervisor",
+        "supervisor.model",
+        "supervisor.records",
+        "supervisor.errors",
+        "supervisor.util",
+    ),
+    ("supervisor.story",),
+    ("supervisor.engines",),
     ("supervisor.config",),
+    ("supervisor.migrations",),
     ("supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),
     ("supervisor.journal",),
@@ -31,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.actions",),
     ("supervisor.notify",),
     ("supervisor.pipeline",),
+    ("supervisor.loop",),
     ("supervisor.daemon",),
     ("supervisor.app",),
     ("supervisor.commands",),
@@ -64,6 +74,13 @@ def imports_of(path: Path, name: str) -> Iterator[str]:
                 continue
             for alias in node.names:  # `from supervisor.x import y` may import module x.y
                 yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules() else base
+
+
+def _named(node: ast.expr) -> str:
+    """The name an expression ends in: `x` for `x` and for `self.x`, else ""."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else ""
 
 
 def layer_of(name: str) -> int:
@@ -129,6 +146,22 @@ class TestLayers:
         text = (PACKAGE / "README.md").read_text()
         folders = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
         assert [f for f in folders if f"`{f}/`" not in text] == []
+
+    def test_the_loop_asks_the_pipeline_not_its_tracker_or_policy(self) -> None:
+        """The daemon and its loop's parts go through the pipeline's own methods: no import of
+        the tracker, no reach into `pipeline.tracker` or `pipeline.policy`."""
+        loop = [PACKAGE / "daemon.py", *sorted((PACKAGE / "loop").glob("*.py"))]
+        for path in loop:
+            name = module_name(path)
+            assert not [m for m in imports_of(path, name) if m.startswith("supervisor.track")]
+            reaches = [
+                node.attr
+                for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                if isinstance(node, ast.Attribute)
+                and node.attr in ("tracker", "policy")
+                and _named(node.value).lstrip("_") == "pipeline"
+            ]
+            assert reaches == [], f"{name} reaches into the pipeline: {reaches}"
 
     def test_the_checker_sees_an_upward_import(self, tmp_path: Path) -> None:
         """The walk finds imports in TYPE_CHECKING blocks and relative imports."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from conftest import poll
 
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import DEMO_UNIT, demo_config, seed_lines
-from vllm_supervisor.daemon import Daemon
 from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
 from vllm_supervisor.store import Store
 from vllm_supervisor.telemetry import looplag
@@ -71,7 +71,7 @@ async def test_a_slow_commit_does_not_stall_the_loop(tmp_path: Path) -> None:
         record(seconds)
 
     metrics.loop_lag = noting  # type: ignore[method-assign]
-    daemon = Daemon(config, load_table(config), store=store, metrics=metrics)
+    daemon = compose_daemon(config, load_table(config), store=store, metrics=metrics)
     crash = crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1, invocation_id=uuid.uuid4().hex)
     stop = asyncio.Event()
     with JournalWriter(config.journal.directory) as writer:  # type: ignore[arg-type]

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import poll
 
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.demo import demo_config, seed_lines
 from vllm_supervisor.config import Config, UnitConfig
-from vllm_supervisor.daemon import Daemon
 from vllm_supervisor.journal.writer import (
     FieldValue,
     JournalWriter,
@@ -70,7 +70,7 @@ async def test_every_configured_units_crash_is_decided(
     each decided once, as a halt on the seed's fatal signature; the reader never restarts."""
     config = many_units_config(tmp_path, units)
     store = Store.in_directory(config.state.state_dir)
-    daemon = Daemon(
+    daemon = compose_daemon(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
     )
     stop = asyncio.Event()

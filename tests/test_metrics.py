@@ -147,8 +147,8 @@ class TestScrape:
         assert value(s, p + "unit_halted", unit="sglang.service") == 0
         assert value(s, p + "halt_latency_seconds_count") == 1
         assert value(s, p + "classify_duration_seconds_count") == 5
-        assert value(s, p + "notifications_total", outcome="sent") == 1
-        assert value(s, p + "outbox_depth") == 2
+        assert value(s, p + "notifications_total", sink="slack", outcome="sent") == 1
+        assert value(s, p + "outbox_depth", sink="slack") == 2
         assert value(s, p + "journal_source_restarts_total", reason="exited") == 1
         assert value(s, p + "journal_entries_invalid_total", reason="invalid_json") == 1
         assert value(s, p + "state_errors_total", reason="write") == 1
@@ -162,7 +162,7 @@ class TestScrape:
         p = "vllm_supervisor_"
         assert value(s, p + "unit_halted", unit="sglang.service") == 0
         assert value(s, p + "halt_failures_total", unit="vllm.service", reason="timeout") == 0
-        assert value(s, p + "notifications_total", outcome="failed") == 0
+        assert value(s, p + "notifications_total", sink="slack", outcome="failed") == 0
         assert (
             value(
                 s, p + "crashes_total", unit="vllm.service", signature="unknown", severity="unknown"
@@ -229,7 +229,7 @@ class TestLabels:
         assert value(s, p + "journal_source_restarts_total", reason="other") == 1
         assert value(s, p + "halt_failures_total", unit="vllm.service", reason="other") == 1
         assert value(s, p + "halts_total", unit="other", reason="fatal_signature") == 1
-        assert value(s, p + "notifications_total", outcome="other") == 1
+        assert value(s, p + "notifications_total", sink="slack", outcome="other") == 1
 
     def test_dry_run_decisions_are_labelled(self, metrics: Metrics) -> None:
         """A dry-run halt decision is counted with dry_run="true" and sets no halted gauge."""

@@ -19,7 +19,7 @@ import structlog
 from conftest import poll
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from notify_fakes import FakeClock, make_outcome, running
+from notify_fakes import FakeClock, make_outcome, running, slack_outbox
 from slack_server import SECRET, WEBHOOK_PATH, Reply, SlackServer
 
 from vllm_supervisor import cli
@@ -32,6 +32,7 @@ from vllm_supervisor.config import (
 )
 from vllm_supervisor.errors import ConfigError, NotifyError
 from vllm_supervisor.notify.alertmanager import AlertmanagerSink
+from vllm_supervisor.notify.level import LevelLoop
 from vllm_supervisor.notify.outbox import Outbox
 from vllm_supervisor.notify.webhook import ERROR_TEXT_LIMIT, SlackWebhook, redact
 from vllm_supervisor.store import Checkpoint, Store
@@ -71,7 +72,7 @@ def _outbox(
 ) -> tuple[Store, Outbox, Metrics]:
     store = Store(tmp_path / "state.db")
     metrics = Metrics(new_registry(process=False))
-    outbox = Outbox(
+    outbox = slack_outbox(
         store,
         webhook,
         metrics,
@@ -140,7 +141,7 @@ async def test_a_pending_message_and_a_bad_url_do_not_kill_the_outbox(
     hook = SlackWebhook(Secret(url), timeout_s=2)
     with structlog.testing.capture_logs() as logs:
         metrics = Metrics(new_registry(process=False))
-        outbox = Outbox(store, hook, metrics, SlackConfig(), host="h", now=clock.now)
+        outbox = slack_outbox(store, hook, metrics, SlackConfig(), host="h", now=clock.now)
         async with running(outbox):
             outbox.wake()
             await poll(lambda: _events(logs, "slack_webhook_invalid"))
@@ -308,14 +309,13 @@ async def test_percent_encoded_and_partial_echoes_are_redacted(slack: SlackServe
 # -- Alertmanager: the same rules -----------------------------------------------------------------
 
 
-def _sink(tmp_path: Path, url: str, **config: Any) -> tuple[AlertmanagerSink, Metrics]:
+def _sink(tmp_path: Path, url: str, **config: Any) -> tuple[LevelLoop, Metrics]:
     metrics = Metrics(new_registry(process=False))
     records = {"vllm.service": {"signature": "x", "severity": "fatal", "title": "t"}}
-    sink = AlertmanagerSink(
-        AlertmanagerConfig(url=url, **config),
+    sink = LevelLoop(
+        AlertmanagerSink(AlertmanagerConfig(url=url, **config), host="gpu-7"),
         Store(tmp_path / "state.db"),
         lambda: records,
-        host="gpu-7",
         metrics=metrics,
     )
     return sink, metrics
@@ -345,9 +345,9 @@ async def test_alertmanager_4xx_is_not_retried_and_5xx_is_redacted(
     sink, metrics = _sink(tmp_path, base)
     slack.reply(Reply(400, "bad alerts"), Reply(500, f"upstream {base}/api/v2/alerts"))
     with structlog.testing.capture_logs() as logs:
-        async with httpx.AsyncClient() as client:
-            assert await sink.reconcile(client) is True  # nothing to retry: dropped
-            assert await sink.reconcile(client) is False  # retryable
+        assert await sink.reconcile() is True  # nothing to retry: dropped
+        assert await sink.reconcile() is False  # retryable
+        await sink.sink.aclose()
     assert _dropped(metrics, "alertmanager", "http_4xx") == 1
     assert not leaks(repr(logs), SECRET)
     assert "HTTP 500" in repr(logs)

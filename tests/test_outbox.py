@@ -10,12 +10,11 @@ import httpx
 import pytest
 import structlog
 from conftest import poll
-from notify_fakes import T0, FakeClock, make_outcome, running
+from notify_fakes import T0, FakeClock, make_outcome, running, slack_outbox
 
 from vllm_supervisor.config import Secret, SlackConfig
 from vllm_supervisor.errors import StateError
 from vllm_supervisor.model import Action, Outcome, Severity
-from vllm_supervisor.notify.outbox import Outbox
 from vllm_supervisor.notify.webhook import SlackWebhook
 from vllm_supervisor.store import Checkpoint, Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
@@ -48,7 +47,7 @@ class Harness:
         transport = httpx.MockTransport(self.recorder)
         hook = SlackWebhook(URL, transport=transport)
         self.config = SlackConfig(**slack)  # type: ignore[arg-type]
-        self.outbox = Outbox(
+        self.outbox = slack_outbox(
             self.store,
             hook,
             self.metrics,
@@ -68,7 +67,7 @@ class Harness:
     def count(self, outcome: str) -> float:
         """The notifications_total counter for one outcome."""
         value = self.metrics.registry.get_sample_value(
-            "vllm_supervisor_notifications_total", {"outcome": outcome}
+            "vllm_supervisor_notifications_total", {"sink": "slack", "outcome": outcome}
         )
         return value or 0.0
 
@@ -139,7 +138,7 @@ class TestQueueing:
         """With Slack off, writers are no-ops and the outbox stays empty."""
         store = Store(tmp_path / "s.db")
         metrics = Metrics(new_registry(process=False))
-        outbox = Outbox(store, None, metrics, SlackConfig(), host="h")
+        outbox = slack_outbox(store, None, metrics, SlackConfig(), host="h")
         outcome = make_outcome()
         writer = outbox.writer_for(outcome)
         store.commit_batch(checkpoint=Checkpoint(), outcomes=[outcome], extra=[writer])

@@ -24,10 +24,9 @@ from slack_server import SECRET, SlackServer
 
 from vllm_supervisor.config import WEBHOOK_CREDENTIAL, Config, Secret, SlackConfig
 from vllm_supervisor.journal.writer import JournalWriter
-from vllm_supervisor.notify.outbox import Outbox
+from vllm_supervisor.notify.slack import SlackSink
+from vllm_supervisor.notify.webhook import SlackWebhook
 from vllm_supervisor.notify.webhook_reload import SlackReload
-from vllm_supervisor.store import Store
-from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 from vllm_supervisor.util.urls import url_problem
 
 
@@ -83,9 +82,8 @@ def test_a_changed_alertmanager_url_is_named_for_a_restart(tmp_path: Path) -> No
 
 
 def reload_with(tmp_path: Path, url: Secret | None, **kwargs: Any) -> SlackReload:
-    store = Store(tmp_path / "state.db")
-    outbox = Outbox(store, None, Metrics(new_registry(process=False)), SlackConfig(), host="h")
-    return SlackReload(outbox, url, timeout_s=1.0, **kwargs)
+    sink = SlackSink(SlackWebhook(url, timeout_s=1.0) if url else None, SlackConfig())
+    return SlackReload(sink, timeout_s=1.0, **kwargs)
 
 
 def test_a_credential_written_after_the_start_is_named(tmp_path: Path) -> None:
@@ -154,7 +152,7 @@ def test_whatever_the_webhook_file_holds_a_reload_applies_or_refuses_it(
     assert slack.webhook is not None
     assert (slack.webhook.problem is None) == (url_problem(url) is None)
     assert _run(slack.reload(config)) == []
-    _run(slack.aclose())
+    _run(slack.webhook.aclose())
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 from conftest import poll
-from notify_fakes import FakeClock, make_outcome, running
+from notify_fakes import FakeClock, make_outcome, running, slack_outbox
 from slack_server import SECRET, Reply, SlackServer
 
 from vllm_supervisor.config import Secret, SlackConfig
@@ -26,6 +26,7 @@ from vllm_supervisor.notify.message import (
 from vllm_supervisor.notify.outbox import Outbox
 from vllm_supervisor.notify.webhook import SlackRateLimited, SlackWebhook
 from vllm_supervisor.store import Checkpoint, Store
+from vllm_supervisor.story import told
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 
@@ -72,7 +73,7 @@ class TestPayload:
     def test_dry_run_says_no_action(self) -> None:
         """In dry-run the action says nothing was done and offers no release command."""
         payload = build_payload(make_outcome(dry_run=True), host="h")
-        assert any("Dry run: no action taken" in t for t in _texts(payload))
+        assert any(told("halt", "dry-run") in t for t in _texts(payload))
         assert "release" not in json.dumps(payload)
 
     def test_each_thing_done_has_its_line(self) -> None:
@@ -225,7 +226,7 @@ def _outbox(
     store = Store(path)
     slack = SlackConfig(**config)  # type: ignore[arg-type]
     hook = SlackWebhook(Secret(url), timeout_s=5)
-    outbox = Outbox(
+    outbox = slack_outbox(
         store, hook, registry_metrics, slack, host="gpu-7", now=clock.now, sleep=clock.sleep
     )
     return store, outbox
@@ -242,7 +243,7 @@ def _queue(store: Store, outbox: Outbox, outcome=None, cursor: str = "c1") -> No
 
 def _count(metrics: Metrics, outcome: str) -> float:
     value = metrics.registry.get_sample_value(
-        "vllm_supervisor_notifications_total", {"outcome": outcome}
+        "vllm_supervisor_notifications_total", {"sink": "slack", "outcome": outcome}
     )
     return value or 0.0
 

@@ -99,7 +99,7 @@ class TestSeed:
         ).stdout
         assert ROOT_CAUSE in out
         assert "crash site:" in out and "deepseek_v2.py" in out
-        assert "decision:    HALT" in out
+        assert "decision:    halt (decided; nothing is done by triage)" in out
 
 
 class TestInputs:

@@ -38,6 +38,7 @@ from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine, quarantine_dir
 from vllm_supervisor.actions.systemd import SystemdClient
 from vllm_supervisor.actions.unitnames import RealNames, ask_names, under_real_names
+from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands import setup
 from vllm_supervisor.commands.demo import demo_config, seed_lines
@@ -311,7 +312,7 @@ async def test_asking_stops_at_the_first_failure_that_is_not_a_missing_unit(
 def build_daemon(config: Config, store: Store, names: RealNames) -> Daemon:
     halter = Halter(Quarantine(quarantine_dir(config)), None, attempts=1, timeout_s=1)
     metrics = Metrics(new_registry(process=False))
-    return Daemon(
+    return compose_daemon(
         config,
         load_table(config),
         store=store,
@@ -351,7 +352,7 @@ async def test_a_reload_to_an_alias_halts_the_real_units_crash(
     store = Store.in_directory(started.state.state_dir)
     halter = Halter(Quarantine(quarantine_dir(started)), None, attempts=1, timeout_s=1)
     metrics = Metrics(new_registry(process=False))
-    daemon = Daemon(
+    daemon = compose_daemon(
         await names.resolve(started),
         load_table(started),
         store=store,

@@ -31,6 +31,7 @@ import structlog
 from ..errors import SystemdError
 from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
 from ..telemetry.metrics import Metrics
+from ..util.aio import Nursery
 from .halt import Halter, HaltResult
 from .presence import Here, Judgement, Presence, judge
 
@@ -64,7 +65,11 @@ class Actor:
         self._metrics = metrics
         self._gate_waiting = gate_waiting
         self._state_timeout_s = state_timeout_s
-        self._background: set[asyncio.Task[None]] = set()
+        self._watches = Nursery()  # gates left to watch after a halt
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Hold the watches of gates left after halts, until `stop` (the daemon runs this)."""
+        await self._watches.run(stop)
 
     async def carry_out(self, outcome: Outcome, here: Here) -> Outcome:
         """Act on `outcome` if it is the present one; the outcome as it is to be recorded."""
@@ -91,7 +96,7 @@ class Actor:
             )
         # A StopUnit while the next start's gate runs would kill the gate and fail the unit: the
         # gate reads the record itself. One that connects late (a Python starting) is checked
-        # on once it is done, in the background, never under the daemon's lock it may wait on.
+        # on once it is done, beside the unit's lane (its gate's answer waits for the lane).
         gate = self._gate_waiting(unit) or judgement.gating
         result = await self.halter.halt(unit, outcome, stop=judgement.running and not gate)
         if judgement.gating and not self._gate_waiting(unit):
@@ -99,9 +104,7 @@ class Actor:
         return self._halted(unit, outcome, judgement, result)
 
     def _watch_gate(self, unit: str) -> None:
-        task = asyncio.create_task(self._after_gate(unit))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._watches.start(lambda: self._after_gate(unit), name=f"gate watch {unit}")
 
     async def _after_gate(self, unit: str) -> None:
         """Once the gate is done: stop the unit if it let the start through anyway (not our

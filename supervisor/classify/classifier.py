@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from ..engines.profiles import Engines, follow
 from ..environment.serving import is_serving_line
 from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
 from .fingerprint import fingerprint
@@ -80,22 +81,18 @@ _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
 # A cause signature on a line logged below error level (a warning at import, an INFO line on
 # the KV cache) explains the crash only when no error or exception does.
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
-# A request log line: vLLM's RequestLogger, SGLang's request dump. It quotes what a client sent.
-_REQUEST_LOG = re.compile(
-    r"\b(?:Received request|Generated response|Added request) \S+|\b(?:Receive|Finish): obj="
-)
+# A request log line (vLLM's RequestLogger, SGLang's request dump: each engine file's
+# request_lines) quotes what a client sent.
+_REQUEST_LOG: re.Pattern[str]
 # Frames of a request being handled: the ASGI server's protocol and the web framework.
 _REQUEST_FRAMES = ("/uvicorn/protocols/", "/starlette/", "/fastapi/", "/aiohttp/web_protocol.py")
 _CODE_LIKE = re.compile(r"\s+(?:raise |return |assert |await |yield |self\.|\w+ = )")
 # The crash site is the frame a reader acts on: the model code that was running (a model's
 # layer, e.g. deepseek_v2.py building its attention), else the deepest frame of the server's own
-# code (where it called into the failing library: flashinfer, torch), else the last frame.
-_SERVER_PATHS = ("/vllm/", "/sglang/", "/text_generation_server/", "/vllm_")
-_MODEL_PATHS = (
-    "/vllm/model_executor/models/",
-    "/sglang/srt/models/",
-    "/text_generation_server/models/",
-)
+# code (where it called into the failing library: flashinfer, torch), else the last frame. The
+# paths are the engine files' model_paths and server_paths.
+_SERVER_PATHS: tuple[str, ...]
+_MODEL_PATHS: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,25 +534,28 @@ def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
     return site
 
 
-# Functions whose frames say where the server was when it crashed. Startup wins over serving:
-# vLLM's start-up profile run goes through execute_model too.
-_STARTUP_FRAMES = re.compile(
-    r"\bin (?:load_model|load_weights|_load_weights|init_device|initialize_cache|"
-    r"initialize_from_config|determine_available_memory|determine_num_available_blocks|"
-    r"profile_run|_dummy_run|_dummy_sampler_run|capture_model|init_cuda_graphs|"
-    r"_initialize_kv_caches|init_worker|from_engine_args|from_vllm_config|"
-    r"build_async_engine_client\w*|create_engine_config|"
-    r"init_memory_pool|init_torch_distributed|init_distributed_environment|get_model|"
-    r"_init_executor|warmup\w*|compile_or_warm_up_model)\b"
-)
-_SERVING_FRAMES = re.compile(
-    r"\bin (?:run_event_loop|event_loop_normal|event_loop_overlap|get_next_batch_to_run|"
-    r"get_new_batch_prefill|run_batch|process_input_requests|handle_generate_request|"
-    r"engine_step|run_engine_loop|step_async|step|output_handler|process_outputs|"
-    r"create_chat_completion|create_completion|chat_completion_stream_generator|"
-    r"completion_stream_generator|generate|_handle_request|run_busy_loop|"
-    r"_process_input_queue|_process_engine_step|sample_tokens|execute_model)\b"
-)
+# Functions whose frames say where the server was when it crashed (the engine files'
+# startup_frames and serving_frames). Startup wins over serving.
+_STARTUP_FRAMES: re.Pattern[str]
+_SERVING_FRAMES: re.Pattern[str]
+_NEVER = r"(?!)"
+
+
+def _any_of(patterns: tuple[str, ...]) -> str:
+    return "|".join(f"(?:{pattern})" for pattern in patterns) or _NEVER
+
+
+def _use_engines(engines: Engines) -> None:
+    """What the engine files say of requests, paths and frames (profiles.follow)."""
+    global _REQUEST_LOG, _SERVER_PATHS, _MODEL_PATHS, _STARTUP_FRAMES, _SERVING_FRAMES
+    _REQUEST_LOG = re.compile(_any_of(engines.request_lines))
+    _SERVER_PATHS = engines.server_paths
+    _MODEL_PATHS = engines.model_paths
+    _STARTUP_FRAMES = re.compile(rf"\bin (?:{_any_of(engines.startup_frames)})\b")
+    _SERVING_FRAMES = re.compile(rf"\bin (?:{_any_of(engines.serving_frames)})\b")
+
+
+follow(_use_engines)
 
 
 def _phase_hint(

@@ -18,10 +18,11 @@ W while processing method M: <cause>`, `Failed to import from M with ImportError
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..engines.profiles import Engines, follow
 from ..model import LogLine
 
 # Prefix families, each an anchored regex with a named outer group (the handlers read
@@ -31,12 +32,6 @@ from ..model import LogLine
 # this keeps parsing near 10 µs a line.
 _SYSLOG = (
     r"(?P<syslog>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s\[:]+(?:\[(?P<syslog_pid>\d+)\])?: ?)"
-)
-_TGI = (
-    r"(?P<tgi>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? +(?P<tgi_level>TRACE|DEBUG|INFO|WARN|"
-    r"ERROR) (?!\d\d-\d\d )"  # not vLLM's `ERROR 02-06 16:34:06` after a container's time
-    r"(?P<tgi_targets>(?:[a-z_][\w-]*(?:\{[^}]*\})?(?:::?[\w-]+(?:\{[^}]*\})?)*: |"
-    r"[\w./-]+\.rs:\d+: )*))"
 )
 # A date and time, then a space or a tab (Ray's own log files: `2025-03-19 14:58:50,134\tINFO`).
 _ISO = r"(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?(?:[ \t]|$))"
@@ -52,11 +47,6 @@ _RANK = r"(?P<rank>\[rank(?P<rank_no>\d+)\]: ?)"
 _CI_TIME = r"(?P<citime>\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z\] )"
 _COMPOSE = r"(?P<compose>[a-zA-Z0-9][\w.-]* +\| ?)"
 
-# vLLM v1 `INFO 08-25 12:24:19 [file.py:520] ` and V0 `INFO 01-11 15:51:02 file.py:70] `.
-_VLLM = (
-    r"(?P<vllm>(?P<vllm_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d(?::\d\d)?"
-    r"(?:\.\d+)? \[?[\w./<>-]+:\d+\] ?)"
-)
 # Custom Python logging `2024-12-19 21:40:35 ERROR 56542 [file.py:64] ` (date already gone).
 _CUSTOM = (
     r"(?P<custom>(?P<custom_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<custom_pid>\d+) "
@@ -71,11 +61,6 @@ _CLOUD = (
 )
 # Python's logging.basicConfig format `2025-03-08 02:04:48,697 - name - INFO - ` (date gone).
 _PYLOG = r"(?P<pylog>- [\w.<>-]+ - (?P<pylog_level>DEBUG|INFO|WARNING|ERROR|CRITICAL) - )"
-# SGLang `[2025-08-06 20:26:20 DP1 TP0] ` or `[TP0] `; NCCL lines add a bare `[date time] `.
-_SGLANG = (
-    r"(?P<sglang>\[(?:\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?)? ?(?P<sglang_rank>"
-    r"(?:[A-Z]{2,3}\d+ ?)*)\] )"
-)
 # glog from torch `W1223 23:34:22.775000 1116 torch/utils/cpp_extension.py:2425] `.
 _GLOG = (
     r"(?P<glog>(?P<glog_level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +(?P<glog_pid>\d+) "
@@ -96,19 +81,85 @@ def _alt(*patterns: str) -> re.Pattern[str]:
     return re.compile("|".join(patterns))
 
 
-_OUTER_PAREN = _alt(_PROC, _RAYLET)
-_OUTER_BRACKET = _alt(_DMESG, _RANK, _CI_TIME)
-_OUTER_DIGIT = _alt(_TGI, _ISO)
-_OUTER_ALPHA = _alt(_SYSLOG, _KERNEL)
+# The families each class of first character tries, an engine file's prefixes first (the
+# engines' own formats, config/engines/*.toml: vLLM's, SGLang's, TGI's).
+_FAMILIES = {
+    ("outer", "paren"): (_PROC, _RAYLET),
+    ("outer", "bracket"): (_DMESG, _RANK, _CI_TIME),
+    ("outer", "digit"): (_ISO,),
+    ("outer", "letter"): (_SYSLOG, _KERNEL),
+    ("inner", "level"): (_CLOUD, _CUSTOM, _RAY, _GLOG),
+    ("inner", "bracket"): (_C10D, _RANK),
+    # A process tag can follow a logger's prefix too (Ray's actor tag inside a vLLM line).
+    ("inner", "paren"): (_PROC,),
+    ("inner", "dash"): (_PYLOG,),
+    ("inner", "pipe"): (_PIPE,),
+}
 _COMPOSE_RX = re.compile(_COMPOSE)
-_INNER_LEVEL = _alt(_CLOUD, _VLLM, _CUSTOM, _RAY, _GLOG)
-_PYLOG_RX = re.compile(_PYLOG)
-_INNER_BRACKET = _alt(_SGLANG, _C10D, _RANK)
 _NCCL_RX = re.compile(_NCCL)
-# A process tag can follow a logger's prefix too (Ray's actor tag inside a vLLM or SGLang line).
-_INNER_PAREN = re.compile(_PROC)
-_PIPE_RX = re.compile(_PIPE)
 _PYWARN_RX = re.compile(_PYWARN)
+
+
+@dataclass(frozen=True, slots=True)
+class _EnginePrefix:
+    """An engine file's prefix, matched: which of its groups name the level and the process."""
+
+    level: str | None
+    process: str | None
+    pid: str | None
+    levels: Mapping[str, str]
+
+    def read(
+        self, m: re.Match[str], process: str | None, level: str | None
+    ) -> tuple[str | None, str | None]:
+        """The process and level after this prefix (each as before when it names none)."""
+        if self.level is not None and (word := m.group(self.level)) is not None:
+            level = self.levels.get(word, level)
+        if self.process is not None and (name := m.group(self.process)):
+            process = name.strip()
+        if self.pid is not None and (pid := m.group(self.pid)):
+            process = f"pid:{pid}"
+        return process, level
+
+
+_OUTER_PAREN: re.Pattern[str]
+_OUTER_BRACKET: re.Pattern[str]
+_OUTER_DIGIT: re.Pattern[str]
+_OUTER_ALPHA: re.Pattern[str]
+_INNER_LEVEL: re.Pattern[str]
+_INNER_BRACKET: re.Pattern[str]
+_INNER_PAREN: re.Pattern[str]
+_INNER_DASH: re.Pattern[str]
+_INNER_PIPE: re.Pattern[str]
+_ENGINE_PREFIXES: Mapping[str | None, _EnginePrefix] = {}
+
+
+def _use_engines(engines: Engines) -> None:
+    """Compile each family with the engine files' prefixes of its place in front."""
+    global _OUTER_PAREN, _OUTER_BRACKET, _OUTER_DIGIT, _OUTER_ALPHA
+    global _INNER_LEVEL, _INNER_BRACKET, _INNER_PAREN, _INNER_DASH, _INNER_PIPE, _ENGINE_PREFIXES
+    compiled = {
+        place: _alt(
+            *(r.grouped for r in engines.prefixes if (r.position, r.starts) == place), *family
+        )
+        for place, family in _FAMILIES.items()
+    }
+    _ENGINE_PREFIXES = {
+        r.kind: _EnginePrefix(r.group("level"), r.group("process"), r.group("pid"), r.levels)
+        for r in engines.prefixes
+    }
+    _OUTER_PAREN = compiled["outer", "paren"]
+    _OUTER_BRACKET = compiled["outer", "bracket"]
+    _OUTER_DIGIT = compiled["outer", "digit"]
+    _OUTER_ALPHA = compiled["outer", "letter"]
+    _INNER_LEVEL = compiled["inner", "level"]
+    _INNER_BRACKET = compiled["inner", "bracket"]
+    _INNER_PAREN = compiled["inner", "paren"]
+    _INNER_DASH = compiled["inner", "dash"]
+    _INNER_PIPE = compiled["inner", "pipe"]
+
+
+follow(_use_engines)
 
 
 def _match_outer(text: str, pos: int) -> re.Match[str] | None:
@@ -142,9 +193,9 @@ def _match_inner(text: str, pos: int) -> re.Match[str] | None:
     elif ch == "(":
         m = _INNER_PAREN.match(text, start)
     elif ch == "-":
-        m = _PYLOG_RX.match(text, start)
+        m = _INNER_DASH.match(text, start)
     elif ch == "|":
-        m = _PIPE_RX.match(text, start)
+        m = _INNER_PIPE.match(text, start)
     if m is None and ch.isalnum() and "NCCL " in text:
         m = _NCCL_RX.match(text, start)
     if m is None and ch and not ch.isspace() and "Warning: " in text:
@@ -161,10 +212,8 @@ _REPEATED = re.compile(r"\[repeated \d+x across cluster\]\s*$")
 # request log at these levels quotes whatever a client sent).
 INFO_LEVELS = frozenset({"DEBUG", "INFO"})
 _LEVELS = {
-    "TRACE": "DEBUG",
     "DEBUG": "DEBUG",
     "INFO": "INFO",
-    "WARN": "WARNING",
     "WARNING": "WARNING",
     "ERROR": "ERROR",
     "CRITICAL": "CRITICAL",
@@ -211,8 +260,6 @@ def _outer(
     kind = m.lastgroup
     if kind == "syslog" and process is None and m.group("syslog_pid"):
         process = f"pid:{m.group('syslog_pid')}"
-    elif kind == "tgi":
-        level = _LEVELS[m.group("tgi_level")]
     elif kind == "proc":
         process = f"pid:{m.group('proc_pid')}"
     elif kind == "raylet":
@@ -221,6 +268,8 @@ def _outer(
             level = _LEVELS[m.group("raylet_level")]
     elif kind == "rank":
         process = f"rank{m.group('rank_no')}"
+    elif (engine := _ENGINE_PREFIXES.get(kind)) is not None:
+        process, level = engine.read(m, process, level)
     return process, level
 
 
@@ -228,7 +277,6 @@ _INNER_LEVEL_GROUP = {
     "pipe": "pipe_level",
     "cloud": "cloud_level",
     "pylog": "pylog_level",
-    "vllm": "vllm_level",
     "custom": "custom_level",
     "ray": "ray_level",
     "glog": "glog_level",
@@ -239,6 +287,8 @@ _INNER_LEVEL_GROUP = {
 def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | None]:
     """The process and level named by a logger-format prefix."""
     kind = m.lastgroup or ""
+    if (engine := _ENGINE_PREFIXES.get(kind)) is not None:
+        return engine.read(m, process, None)
     level_group = _INNER_LEVEL_GROUP.get(kind)
     level = _LEVELS[m.group(level_group)] if level_group else None
     if kind == "custom":
@@ -248,8 +298,6 @@ def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | Non
     elif kind == "nccl":
         process = f"pid:{m.group('nccl_pid')}"
         level = "WARNING" if m.string.startswith("NCCL WARN", m.end()) else "INFO"
-    elif kind == "sglang" and m.group("sglang_rank"):
-        process = m.group("sglang_rank").strip()
     elif kind == "proc":
         process = f"pid:{m.group('proc_pid')}"
     elif kind == "rank":

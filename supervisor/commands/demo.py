@@ -57,6 +57,7 @@ from ..journal.writer import (
 )
 from ..model import LifecycleEvent
 from ..store import Store
+from ..story import NO_ROOT_CAUSE, shown, told
 from .gate import gate_main
 from .preflight import preflight_main
 from .triage import triage
@@ -368,13 +369,14 @@ def _show_results(config: Config, endpoint: DemoEndpoint, python: Path) -> None:
         hung = "  (engine hung)" if item.get("hung") else ""
         print(
             f"  {item['unit']} {item['invocation_id']}: {verdict['severity']} "
-            f"{verdict['signature']} -> {decision['action']}{hung}"
+            f"{shown(verdict['signature'])}{hung}"
         )
+        print(f"    {told(str(decision['action']), str(item['taken']))}")
         if item.get("already_halted_by"):
             print(f"    the same loop: already halted by {item['already_halted_by']}")
             continue
-        print(f"    root cause:  {verdict['root_cause']}")
-        print(f"    remediation: {verdict['remediation']}")
+        print(f"    root cause:  {verdict['root_cause'] or NO_ROOT_CAUSE}")
+        print(f"    remediation: {shown(verdict['remediation'])}")
         drift = item.get("drift")
         if isinstance(drift, list) and drift:
             print(f"    changed since the last good start: {'; '.join(drift)}")

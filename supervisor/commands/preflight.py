@@ -13,6 +13,7 @@ library only, so no `packaging` is needed there); requirements are evaluated her
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import socket
@@ -31,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from ..actions.quarantine import Quarantine, quarantine_dirs
 from ..actions.systemd import ask_once
 from ..config import DriftConfig
+from ..engines.profiles import Engines, follow
 from ..environment.execstart import interpreter_from_exec_start, serving_port
 from ..environment.log import EnvironmentLog
 from ..environment.ports import holders
@@ -113,8 +115,18 @@ DEFAULT_FAMILIES: tuple[Family, ...] = (
         ),
     ),
 )
-# The served packages whose declared requirements are checked, when installed.
-SERVED_PACKAGES: tuple[str, ...] = ("vllm", "sglang", "text-generation-server")
+# The served packages whose declared requirements are checked, when installed: the engine
+# files' packages.
+SERVED_PACKAGES: tuple[str, ...]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The packages of the engine files in force (profiles.follow)."""
+    global SERVED_PACKAGES
+    SERVED_PACKAGES = engines.packages
+
+
+follow(_use_engines)
 # Ids the signature table may use for a check; the first one it has wins.
 PORT_SIGNATURES: tuple[str, ...] = ("port_in_use", "address_in_use", "eaddrinuse")
 REQUIREMENT_SIGNATURES: tuple[str, ...] = ("requirement_unsatisfied", "dependency_conflict")
@@ -224,19 +236,24 @@ class PreflightReport:
         }
 
     def render_text(self) -> str:
-        """`FAIL <id>: <title>` plus detail and remediation per failure; a summary line."""
+        """`FAIL <id>: <title>` plus details and remediation per failed signature (two checks
+        finding one crash, the packages and the quarantine, say it once); a summary line."""
         lines: list[str] = []
+        groups: dict[str, list[str]] = {}  # signature -> its FAIL block, shared by its checks
         for result in self.results:
-            if result.status is Status.FAILED and result.identity is not None:
-                found = result.identity
-                lines.append(f"FAIL {found.signature}: {found.title}")
-                lines.append(f"  {result.detail}")
-                lines.append(f"  {found.remediation}")
-            else:
+            found = result.identity
+            if result.status is not Status.FAILED or found is None:
                 lines.append(f"{result.status.value.upper()} {result.check}: {result.detail}")
+                continue
+            block = groups.get(found.signature)
+            if block is None:
+                block = groups[found.signature] = [f"FAIL {found.signature}: {found.title}"]
+                lines.append(found.signature)  # where the block goes
+            block += [f"  {t}" for t in (result.detail, found.remediation) if f"  {t}" not in block]
+        lines = [line for each in lines for line in groups.get(each, [each])]
         if self.drift:
             lines.append(f"changed since the last good start: {self.drift}")
-        failed = sum(r.status is Status.FAILED for r in self.results)
+        failed = sum(line.startswith("FAIL ") for line in lines)  # one per crash it predicts
         verdict = f"{failed} failed" if failed else "all passed"
         lines.append(f"preflight {self.unit}: {verdict} in {self.elapsed_s:.2f} s")
         return "\n".join(lines) + "\n"
@@ -453,20 +470,23 @@ def check_quarantine(
                 check="quarantine",
                 status=Status.FAILED,
                 detail=f"{unit} is quarantined ({directory}): {_record_summary(record)}",
-                identity=_record_identity(record, lookup),
+                identity=_record_identity(unit, record, lookup),
             )
             return
     yield CheckResult(check="quarantine", status=Status.PASSED, detail=f"{unit} is not quarantined")
 
 
-def _record_identity(record: Mapping[str, Any], lookup: Lookup) -> Identity:
+def _record_identity(unit: str, record: Mapping[str, Any], lookup: Lookup) -> Identity:
     """The quarantined crash's own signature, so the message matches the halt's."""
     quarantined = lookup([QUARANTINE_SIGNATURE], _NO_CAPTURES)
+    quarantined = dataclasses.replace(
+        quarantined, remediation=quarantined.remediation.replace("release UNIT", f"release {unit}")
+    )
     signature = record.get("signature")
     if not isinstance(signature, str):
         return quarantined
     remediation = record.get("remediation") or ""
-    release = "Then release it: vllm-supervisor release UNIT."
+    release = f"Then release it: vllm-supervisor release {unit}."
     return Identity(
         signature=signature,
         title=str(record.get("title") or quarantined.title),

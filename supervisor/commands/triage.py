@@ -29,7 +29,14 @@ from ..journal.saved import (
 )
 from ..model import Action, Outcome
 from ..pipeline import Pipeline
+from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
+
+EXIT_NO_ENTRIES = 2
+
+
+class NoEntries(Exception):
+    """The input holds no journal entry and no log line: there is nothing to triage."""
 
 
 def triage(
@@ -40,11 +47,15 @@ def triage(
     output_format: str = "text",
     out: TextIO | None = None,
 ) -> int:
-    """Classify `source` and print the outcomes (to standard output by default); 0 when it ran."""
+    """Classify `source` and print the outcomes (to standard output by default); 0 when it ran,
+    2 (one line on standard error) when the input holds no journal entries."""
     out = out or sys.stdout
-    outcomes = with_recorded_drift(
-        collect(source, config=config, table=table), config.state.state_dir
-    )
+    try:
+        found = collect(source, config=config, table=table)
+    except NoEntries:
+        print(f"triage: {source}: no journal entries", file=sys.stderr)
+        return EXIT_NO_ENTRIES
+    outcomes = with_recorded_drift(found, config.state.state_dir)
     if output_format == "json":
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
         out.write("\n")
@@ -62,11 +73,15 @@ def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outco
     data = sys.stdin.buffer.read() if source == "-" else read_file(path)
     if data.startswith(JOURNAL_FILE_MAGIC):
         return _reported(_from_journal(pipeline, ReaderSettings(files=(path,))))
+    if not data.strip():
+        raise NoEntries(source)
     kind = sniff(data)
     if kind == "text":
         lines = data.decode("utf-8", "replace").splitlines()
         return [pipeline.decide(plain_text_invocation(lines))]
-    entries = decode_json(data) if kind == "json" else decode_export(data)
+    entries = list(decode_json(data) if kind == "json" else decode_export(data))
+    if not entries:
+        raise NoEntries(source)
     outcomes = pipeline.feed(entries)
     return _reported(outcomes + pipeline.finish())
 
@@ -81,17 +96,17 @@ def render_text(outcomes: Sequence[Outcome]) -> str:
 def _render_one(outcome: Outcome) -> str:
     """One outcome; every value that came from the journal is shown `visible`."""
     inv, verdict, decision = outcome.invocation, outcome.verdict, outcome.decision
-    ended = f"{inv.exit_code or '?'} status={inv.exit_status}" if inv.exit_code else "no exit seen"
+    ended = f"{inv.exit_code} status={shown(inv.exit_status)}" if inv.exit_code else "no exit seen"
     rows = [
         visible(
             f"{inv.unit or '(text)'}  invocation {inv.invocation_id or '-'}  {ended}"
-            f" result={inv.result or '-'} restarts={inv.restarts} lines={inv.total_lines}"
+            f" result={inv.result or '-'} restarts={shown(inv.restarts)} lines={inv.total_lines}"
         ),
         visible(
             f"  verdict:     {verdict.severity.value.upper()} {verdict.signature or '-'}: "
             f"{verdict.title}"
         ),
-        f"  root cause:  {visible(verdict.root_cause or '(none found)')}",
+        f"  root cause:  {visible(verdict.root_cause or NO_ROOT_CAUSE)}",
     ]
     if verdict.crash_site and verdict.crash_site != verdict.root_cause:
         rows.append(f"  crash site:  {visible(verdict.crash_site)}")
@@ -108,7 +123,7 @@ def _render_one(outcome: Outcome) -> str:
     if inv.hung:
         rows.append("  engine hung: it logged its death and stayed up until the grace period ended")
     rows += [f"  note:        {visible(note)}" for note in verdict.notes]
-    rows.append(f"  decision:    {decision.action.value.upper()}: {visible(decision.reason)}")
+    rows.append(f"  decision:    {decided(decision.action.value)}: {visible(decision.reason)}")
     return "\n".join(rows) + "\n"
 
 

@@ -14,9 +14,9 @@ outcome source around it: it sleeps until the next deadline, confirms the hang (
 shared pipeline decides, the actor acts (a halt for a fatal verdict, a restart otherwise;
 supervisor.actions). Nothing here stops or restarts a unit.
 
-The death lines are a short list of their own, not the table's `wrapper` signatures: those also
-match lines that precede a normal exit (`Received sigquit from a child process`, TGI's shard
-errors) and would wait on hangs that never come.
+The death lines are the engine files' `[[death]]` lists, not the table's `wrapper` signatures:
+those also match lines that precede a normal exit (`Received sigquit from a child process`,
+TGI's shard errors) and would wait on hangs that never come.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import structlog
 
 from ..classify.logline import INFO_LEVELS, parse_line
 from ..config import Config
+from ..engines.profiles import Engines, follow, hints_of, patterns_of
 from ..environment.execstart import serving_port
 from ..errors import SystemdError
 from ..model import JournalEntry, LifecycleEvent, LogLine, Outcome
@@ -41,22 +42,25 @@ from ..util.aio import first_of
 
 log = structlog.get_logger(__name__)
 
-DEATH_PATTERNS: tuple[str, ...] = (
-    r"EngineDeadError",
-    r"Engine core proc \S+ died unexpectedly",
-    r"Worker proc \S+ died unexpectedly",
-    r"RuntimeError: Engine core initialization failed",
-    r"Engine process \(pid \d+\) died",
-    r"Scheduler hit an exception",
-)
-# A literal that each of DEATH_PATTERNS contains (tests/test_hang.py checks the pairing).
-DEATH_HINTS: tuple[str, ...] = (
-    "EngineDeadError",
-    "died unexpectedly",
-    "Engine core initialization failed",
-    "Engine process (pid ",
-    "Scheduler hit an exception",
-)
+# The engine files' [[death]] lines, and a literal that each of them contains (their hints).
+DEATH_PATTERNS: tuple[str, ...]
+DEATH_HINTS: tuple[str, ...]
+_DEATH: re.Pattern[str]
+
+
+def _death_pattern(patterns: Sequence[str]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)")
+
+
+def _use_engines(engines: Engines) -> None:
+    """The death lines of the engine files in force (profiles.follow)."""
+    global DEATH_PATTERNS, DEATH_HINTS, _DEATH
+    DEATH_PATTERNS = patterns_of(engines.death)
+    DEATH_HINTS = hints_of(engines.death)
+    _DEATH = _death_pattern(DEATH_PATTERNS)
+
+
+follow(_use_engines)
 # PID 1's messages that end an invocation: the journal will report the end, so no hang.
 _ENDING = frozenset(
     {
@@ -90,13 +94,16 @@ class HangDetector:
         self,
         grace_s: Mapping[str, float],
         *,
-        patterns: Sequence[str] = DEATH_PATTERNS,
+        patterns: Sequence[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._grace = dict(grace_s)
-        self._pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
-        # Only for the shipped patterns, whose literals are known; others run the regex alone.
-        self._hints = DEATH_HINTS if tuple(patterns) == DEATH_PATTERNS else ()
+        # Without patterns, the engine files' death lines in force (reloaded with them).
+        self._own: tuple[re.Pattern[str], tuple[str, ...]] | None = None
+        if patterns is not None:
+            # Only the engine files' patterns have known literals; others run the regex alone.
+            hints = DEATH_HINTS if tuple(patterns) == DEATH_PATTERNS else ()
+            self._own = (_death_pattern(patterns), hints)
         self._clock = clock
         self._deaths: dict[str, _Death] = {}
 
@@ -105,9 +112,10 @@ class HangDetector:
 
         With no death pending nothing can end one, and a batch in which no hint appears at all
         holds no death line: its entries need no look each (the common busy batch)."""
-        if not self._deaths and self._hints:
+        hints = self._rules()[1]
+        if not self._deaths and hints:
             joined = "\n".join([entry.message for entry in batch])
-            if not any(hint in joined for hint in self._hints):
+            if not any(hint in joined for hint in hints):
                 return
         for entry in batch:
             self.observe(entry)
@@ -127,16 +135,21 @@ class HangDetector:
             due = self._clock() + self._grace[unit]
             self._deaths[unit] = _Death(entry.invocation_id, entry.host, entry.message, due)
 
+    def _rules(self) -> tuple[re.Pattern[str], tuple[str, ...]]:
+        """The death regex and its literals: the detector's own, or the engine files'."""
+        return self._own if self._own is not None else (_DEATH, DEATH_HINTS)
+
     def _may_be_death(self, message: str) -> bool:
         # Every line of a supervised unit passes here: a literal test rejects nearly all of
         # them before the regex runs (the classifier's prefilter does the same).
-        if self._hints:
-            for hint in self._hints:
+        pattern, hints = self._rules()
+        if hints:
+            for hint in hints:
                 if hint in message:
                     break
             else:
                 return False
-        return is_engine_death(message, self._pattern)
+        return is_engine_death(message, pattern)
 
     def due(self, now: float) -> list[str]:
         """Units whose death line is older than their grace period, invocation not ended."""

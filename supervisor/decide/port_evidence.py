@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from ..config import Config
+from ..engines.profiles import Engines, follow
 from ..environment.ports import Holder, Listener, holders, listeners, with_unit_uid
 from ..environment.userns import IdMap, own_id_map
 from ..errors import SystemdError
@@ -48,12 +49,22 @@ from .policy import halt_on_evidence
 log = structlog.get_logger(__name__)
 
 PORT_SIGNATURES = frozenset({"port_in_use", "torch_distributed_port_in_use"})
-_PORT_IN_TEXT = (
+_GENERIC_PORT_IN_TEXT = (
     re.compile(r"\('[^']*', (\d{1,5})\b"),  # uvicorn: ('0.0.0.0', 8000)
     re.compile(r"\]:(\d{1,5})\b"),  # torch: [::]:29500
     re.compile(r"\bport:? (\d{1,5})\b", re.IGNORECASE),
-    re.compile(r"_port at (\d{1,5})\b"),  # SGLang: metrics_port at 40290
 )
+# Then the engine files' port_lines (SGLang: metrics_port at 40290).
+_PORT_IN_TEXT: tuple[re.Pattern[str], ...]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The port lines of the engine files in force (profiles.follow)."""
+    global _PORT_IN_TEXT
+    _PORT_IN_TEXT = (*_GENERIC_PORT_IN_TEXT, *map(re.compile, engines.port_lines))
+
+
+follow(_use_engines)
 Holders = Callable[[int], list[Holder]]
 Listeners = Callable[[int], list[Listener]]
 UnitUid = Callable[[str], Awaitable[int | None]]  # the uid systemd runs a unit as (None: unset)

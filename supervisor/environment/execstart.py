@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..engines.profiles import Engines, follow
+
 # The search path systemd uses for a bare ExecStart= name, and the PATH it gives a service
 # unless the unit sets Environment=PATH (systemd.exec(5), "Environment variables").
 SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
@@ -132,29 +134,37 @@ def _shebang_interpreter(script: Path, search_path: str) -> Path | None:
     return _locate(program, search_path)
 
 
-# The port each engine's server listens on when its command line names none.
-_DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...] = (
-    (("vllm", "serve"), 8000),
-    (("vllm.entrypoints.openai.api_server",), 8000),
-    (("vllm.entrypoints.api_server",), 8000),
-    (("sglang.launch_server",), 30000),
-    (("text-generation-launcher",), 3000),
-)
+# The port each engine's server listens on when its command line names none: the engine files'
+# default_port, for the argv words of their commands. The option that names it: `--port`, or
+# one an engine file adds (port_options: LMDeploy's `--server-port`).
+_DEFAULT_PORTS: tuple[tuple[tuple[str, ...], int], ...]
+_PORT_OPTIONS: frozenset[str]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The default ports and port options of the engine files in force (profiles.follow)."""
+    global _DEFAULT_PORTS, _PORT_OPTIONS
+    _DEFAULT_PORTS = engines.default_ports
+    _PORT_OPTIONS = frozenset({"--port", *engines.port_options})
+
+
+follow(_use_engines)
 
 
 def serving_port(argv: Sequence[str]) -> int | None:
-    """The TCP port a server's ExecStart= makes it listen on: its `--port`, else the engine's
-    default (vLLM 8000, SGLang 30000, TGI 3000); None when neither is known."""
+    """The TCP port a server's ExecStart= makes it listen on: its `--port` (or an engine file's
+    port option), else the engine's
+    default (an engine file's default_port: vLLM 8000, SGLang 30000, TGI 3000); None when
+    neither is known."""
     try:
         words = _command(list(argv))
     except ValueError:  # an unbalanced quote in a shell's script or `env -S`: as they are
         words = list(argv)
     for index, word in enumerate(words):
         value = None
-        if word == "--port" and index + 1 < len(words):
-            value = words[index + 1]
-        elif word.startswith("--port="):
-            value = word.removeprefix("--port=")
+        option, equals, given = word.partition("=")
+        if option in _PORT_OPTIONS:
+            value = given if equals else (words[index + 1] if index + 1 < len(words) else None)
         if value is not None:
             return (
                 int(value) if value.isascii() and value.isdigit() and int(value) < 65536 else None

@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import re
 
+from ..engines.profiles import Engines, follow, hints_of, patterns_of
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_SERVING = re.compile(
-    r"Application startup complete\."  # uvicorn (vLLM, SGLang)
-    r"|Uvicorn running on"
-    r"|The server is fired up and ready to roll!"  # SGLang
-    r"|(?:^|:\s)(?:Connected|Ready)$"  # TGI's router, at the end of its tracing line
-    # Requests being served: uvicorn's access log, vLLM's and SGLang's throughput lines.
-    r'|"(?:GET|POST) /(?:v1/|health|generate|metrics)\S* HTTP/[\d.]+" 200'
-    r"|Avg prompt throughput: |Avg generation throughput: "
-    r"|(?:Prefill|Decode) batch[.,] #"
+# The ASGI server's own lines, whichever engine it serves: uvicorn's start (vLLM, SGLang) and
+# its access log of requests served. Each engine file adds its own ([[serving]]).
+_ASGI_SERVING = (
+    r"Application startup complete\.",
+    r"Uvicorn running on",
+    r'"(?:GET|POST) /(?:v1/|health|generate|metrics)\S* HTTP/[\d.]+" 200',
 )
-_SERVING_HINTS = (
-    "startup complete.",
-    "Uvicorn running on",
-    "fired up",
-    "Connected",
-    "Ready",
-    "HTTP/1.1",
-    "throughput: ",
-    " batch",
-)
+_ASGI_HINTS = ("startup complete.", "Uvicorn running on", "HTTP/1.1")
+_SERVING: re.Pattern[str]
+_SERVING_HINTS: tuple[str, ...]
+
+
+def _use_engines(engines: Engines) -> None:
+    """The serving lines of the ASGI server and of every engine file (profiles.follow)."""
+    global _SERVING, _SERVING_HINTS
+    patterns = (*_ASGI_SERVING, *patterns_of(engines.serving))
+    _SERVING = re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
+    _SERVING_HINTS = tuple(dict.fromkeys((*_ASGI_HINTS, *hints_of(engines.serving))))
+
+
+follow(_use_engines)
 
 
 def is_serving_line(text: str) -> bool:

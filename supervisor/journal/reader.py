@@ -400,6 +400,10 @@ class JournalctlReader:
         if not self.settings.follow:
             raise JournalError(f"journalctl failed: {message}")
 
+    def describe(self) -> str:
+        """Which reader runs: "native" (the C child) or "journalctl"."""
+        return resolve_source(self.settings.source)
+
     def kick(self) -> int | None:
         """Have the native child read the journal now, not at journald's next change
         notification (coalesced by a timer of up to 250 ms on systemd 252): a sync request.

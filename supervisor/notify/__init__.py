@@ -1,3 +1,5 @@
-"""Telling people about crashes: whether and how (`decision`), the durable queue (`queue`), the
-delivery loop with pacing and retries (`outbox`), the Slack message (`message`) and webhook
-(`webhook`)."""
+"""Telling people about crashes, through sinks (`sink`: the contract; `fanout`: all of them as
+one notifier). Whether and how a crash is told (`decision`); edge-triggered sinks' durable queue
+(`queue`) and delivery loop with pacing and retries (`outbox`); level-triggered sinks' loop
+(`level`). Each module that defines `build_sink(config)` is a sink: Slack (`slack`, its message
+`message`, webhook `webhook` and reload `webhook_reload`) and Alertmanager (`alertmanager`)."""

@@ -1,18 +1,13 @@
-"""Prometheus Alertmanager as a sink: a halted unit is a firing alert until it is released.
+"""Prometheus Alertmanager as a level-triggered sink: a halted unit is a firing alert until it
+is released.
 
 Alertmanager shops route every page through one tree (silences, inhibition, PagerDuty and
 Opsgenie receivers); a halt belongs there as an alert, not only as a Slack message. The sink
-is level-triggered, as Prometheus's own notifier is: what should fire is read from the
-quarantine records themselves (the durable truth of what is halted, which the gate reads too),
-and every `resend_s` the firing alerts are posted again with `endsAt` four intervals ahead, so
-an Alertmanager that restarted empty, or was down, has them again at the next round; a unit
-no longer quarantined is posted once more as resolved (`endsAt` now). Which alerts were
-sent firing is kept in the state database, so a release while the daemon was down is still
-resolved after its restart. A failed post is retried by the shared rule (util.retry), capped at
-`backoff_max_s`, and logged once per outage; the URL's credentials, if any, never reach a log.
-What can never succeed is not retried into a loop: a URL httpx cannot use stops the sink (one
-error line), a 4xx or alerts that cannot be encoded drop that round until the next `resend_s`;
-each is counted in `notifications_dropped_total{sink="alertmanager"}`.
+only renders and posts (supervisor.notify.sink); the level loop (supervisor.notify.level) reads
+what is halted, re-sends every `resend_s` with `endsAt` four intervals ahead, so an
+Alertmanager that restarted empty, or was down, has the alerts again at the next round, and
+posts a unit no longer quarantined once more as resolved (`endsAt` now), by the labels it was
+sent with. The URL's credentials, if any, never reach a log.
 
 The alert is the shipped Prometheus rule's, label for label (alertname, host, unit, severity;
 deploy/prometheus/alerts.yml), so where both are configured Alertmanager deduplicates them into
@@ -23,24 +18,17 @@ signature and its own severity travel as annotations, and `severity` is the rout
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sqlite3
-import time
-from collections.abc import Callable, Mapping
+import socket
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from ..config import AlertmanagerConfig
-from ..errors import NotifyError, StateError
-from ..store import Store
+from ..config import AlertmanagerConfig, Config
+from ..errors import NotifyError
+from ..story import NO_ROOT_CAUSE
 from ..telemetry.http import SinkState
-from ..telemetry.metrics import Metrics
-from ..util.aio import first_of
-from ..util.retry import Backoff
 from ..util.urls import redact, url_problem
+from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
 from .webhook import (
     MAX_BODY_BYTES,
     bounded,
@@ -57,20 +45,8 @@ RUNBOOK_URL = (
     "https://github.com/vllm-supervisor/vllm-supervisor/blob/main/README.md"
     "#vllmsupervisorunithalted"
 )
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS alert_firing (
-    unit TEXT PRIMARY KEY,
-    labels TEXT NOT NULL          -- the JSON labels it was sent with, to resolve it by them
-);
-"""
 if TYPE_CHECKING:
     import httpx
-
-_RETRY_BASE_S = 1.0
-
-log = structlog.get_logger(__name__)
-
-Quarantined = Callable[[], Mapping[str, Mapping[str, Any]]]
 
 
 def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
@@ -81,7 +57,7 @@ def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
         "summary": f"{unit} on {host} is halted: {record.get('title') or 'a fatal crash'}",
         "signature": str(record.get("signature") or "unknown"),
         "crash_severity": str(record.get("severity") or "unknown"),
-        "root_cause": str(record.get("root_cause") or "no root-cause line found"),
+        "root_cause": str(record.get("root_cause") or NO_ROOT_CAUSE),
         "remediation": str(record.get("remediation") or ""),
         "release": f"vllm-supervisor release {unit}",
         "invocation_id": str(record.get("invocation_id") or ""),
@@ -96,116 +72,99 @@ def _iso(seconds: float) -> str:
 
 
 class AlertmanagerSink:
-    """Keeps Alertmanager's view of halted units in step with the quarantine records."""
+    """Renders the halted units as alerts and posts them to Alertmanager's API."""
+
+    mode = Mode.LEVEL
+    name = "alertmanager"
 
     def __init__(
         self,
         config: AlertmanagerConfig,
-        store: Store,
-        quarantined: Quarantined,
         *,
         host: str,
-        clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
-        metrics: Metrics | None = None,
     ) -> None:
-        if config.url is None:
-            raise ValueError("an Alertmanager sink needs alertmanager.url")
-        self._config = config
-        self._url = config.url
-        self._problem = url_problem(config.url)  # why it can never be posted to
-        self._metrics = metrics
-        self._endpoint = config.url.rstrip("/") + "/api/v2/alerts"
-        self._store = store
-        self._quarantined = quarantined
+        self._url = config.url  # None: off
+        self._problem = url_problem(config.url) if config.url else None  # why it cannot be used
+        self._endpoint = (config.url or "").rstrip("/") + "/api/v2/alerts"
         self._host = host
-        self._clock = clock
         self._transport = transport
-        self._wake = asyncio.Event()
-        self._failing: str | None = None  # the error of the current outage, logged once
-        try:
-            store.connection.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StateError(f"{store.path}: cannot create the alert table: {exc}") from exc
-
-    def wake(self) -> None:
-        """Look at the quarantine records now (a halt or a release happened)."""
-        self._wake.set()
+        self._client: httpx.AsyncClient | None = None
+        if self.state().state == "on":
+            # Made now, not at the first halt: building its TLS context takes a while, and
+            # the first halt's alert should not wait for it.
+            self._connection()
+        self.pacing = Pacing(
+            timeout_s=config.timeout_s,
+            backoff_max_s=config.backoff_max_s,
+            resend_s=config.resend_s,
+            min_interval_s=0.0,
+        )
 
     def state(self) -> SinkState:
-        """For /healthz: on, or invalid_url; the error of the current outage (redacted)."""
+        """On, off without a URL, or invalid_url with why (never the URL)."""
+        if self._url is None:
+            return SinkState("off", "no alertmanager.url")
         if self._problem is not None:
             return SinkState("invalid_url", f"alertmanager.url unusable: {self._problem}")
-        return SinkState("on", self._failing)
+        return SinkState("on")
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Post the firing and resolved alerts every `resend_s`, at once when woken."""
-        import httpx  # where it is used (see notify.webhook on why)
-
-        if self._problem is not None:
-            self._unusable(self._problem)
-            await stop.wait()
-            return
-        retry = Backoff(_RETRY_BASE_S, max(_RETRY_BASE_S, self._config.backoff_max_s))
-        failures = 0
-        async with httpx.AsyncClient(
-            timeout=self._config.timeout_s, trust_env=False, transport=self._transport
-        ) as client:
-            while not stop.is_set() and self._problem is None:
-                self._wake.clear()
-                ok = await self.reconcile(client)
-                failures = 0 if ok else failures + 1
-                wait = self._config.resend_s if ok else retry.delay(failures)
-                await first_of(stop.wait(), self._wake.wait(), at_most_s=wait)
-        if self._problem is not None:
-            await stop.wait()  # unusable after all (httpx refused it): the daemon goes on
-
-    async def reconcile(self, client: httpx.AsyncClient) -> bool:
-        """One round: post what fires and what stopped firing. True: wait `resend_s` (taken,
-        or dropped for good); False: retry after a backoff."""
-        now = self._clock()
-        try:
-            firing = {u: alert(u, r, host=self._host) for u, r in self._quarantined().items()}
-            sent = self._sent()
-        except (OSError, StateError) as exc:
-            return self._failed(f"cannot read what is halted: {exc}")
-        ends = _iso(now + 4 * self._config.resend_s)
+    def render(self, subject: Incidents) -> Round | None:
+        """The firing alerts of what is open, and the resolved ones of what was sent open and is
+        no longer (or is open under other labels); None when there is nothing to say."""
+        now = subject.now
+        firing = {u: alert(u, r, host=self._host) for u, r in subject.open.items()}
+        ends = _iso(now + 4 * self.pacing.resend_s)
         body = [
             {**a, "startsAt": a["annotations"].get("halted_since") or _iso(now), "endsAt": ends}
             for a in firing.values()
         ]
         body += [
             {"labels": labels, "startsAt": _iso(now - 1), "endsAt": _iso(now)}
-            for unit, labels in sent.items()
+            for unit, labels in subject.sent.items()
             if unit not in firing or firing[unit]["labels"] != labels
         ]
         if not body:
-            return True
-        try:
-            content = encode_json(body, "alertmanager")
-        except NotifyError as exc:
-            return self._dropped("unrenderable", str(exc))
-        error = await self._post(client, content)
-        if error is not None:
-            if error.retryable:
-                return self._failed(error.args[0])
-            return self._dropped(error.reason, error.args[0])
-        try:
-            self._remember({u: a["labels"] for u, a in firing.items()})
-        except StateError as exc:
-            return self._failed(str(exc))
-        if self._failing is not None:
-            log.info("alertmanager_recovered")
-            self._failing = None
-        return True
+            return None
+        return Round(body=body, open={u: a["labels"] for u, a in firing.items()})
 
-    async def _post(self, client: httpx.AsyncClient, content: bytes) -> NotifyError | None:
+    def resent(self, payload: Round | None) -> Round | None:
+        """Unchanged: Alertmanager deduplicates alerts by their labels."""
+        return payload
+
+    async def send(self, payload: Round | None, *, timeout_s: float) -> Result:
+        """One POST of the round's alerts; classified and redacted."""
+        if payload is None:
+            return DELIVERED
+        try:
+            content = encode_json(payload.body, "alertmanager")
+        except NotifyError as exc:
+            return failed(exc)
+        error = await self._post(content, timeout_s)
+        return DELIVERED if error is None else failed(error)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _connection(self) -> httpx.AsyncClient:
+        import httpx  # where it is used (see notify.webhook on why)
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(trust_env=False, transport=self._transport)
+        return self._client
+
+    async def _post(self, content: bytes, timeout_s: float) -> NotifyError | None:
         """One POST; None when Alertmanager took it, else a classified, redacted error."""
         import httpx
 
         headers = {"Content-Type": "application/json"}
         try:
-            async with client.stream("POST", self._endpoint, content=content, headers=headers) as r:
+            client = self._connection()
+            async with client.stream(
+                "POST", self._endpoint, content=content, headers=headers, timeout=timeout_s
+            ) as r:
                 if r.is_success:
                     return None
                 text = bounded(
@@ -223,62 +182,9 @@ class AlertmanagerSink:
         return NotifyError(f"HTTP {r.status_code}: {text}", reason=reason, retryable=retryable)
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._url)
+        return redact(text, self._url or "")
 
-    def _dropped(self, reason: str, error: str) -> bool:
-        """A round that can never succeed as it is: counted, logged once, not retried soon."""
-        if reason == "invalid_url":
-            self._problem = error
-            self._unusable(error)
-            return False
-        if self._metrics is not None:
-            self._metrics.notification_dropped("alertmanager", reason)
-        if error != self._failing:
-            log.error(
-                "alertmanager_alerts_dropped",
-                reason=reason,
-                error=error,
-                action=f"not retried; tried again in {self._config.resend_s:.0f}s",
-            )
-        self._failing = error
-        return True
 
-    def _unusable(self, problem: str) -> None:
-        if self._metrics is not None:
-            self._metrics.notification_dropped("alertmanager", "invalid_url")
-        log.error(
-            "alertmanager_url_invalid",
-            problem=problem,
-            action="Alertmanager is off (halts still happen); fix alertmanager.url and restart",
-        )
-
-    def _failed(self, error: str) -> bool:
-        if error != self._failing:
-            log.warning(
-                "alertmanager_unreachable",
-                error=error,
-                action="retrying; halted units stay halted, alerts follow once it answers",
-            )
-        self._failing = error
-        return False
-
-    def _sent(self) -> dict[str, dict[str, str]]:
-        try:
-            with self._store.lock:
-                rows = self._store.connection.execute(
-                    "SELECT unit, labels FROM alert_firing"
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self._store.path}: cannot read the alert table: {exc}") from exc
-        return {str(unit): json.loads(labels) for unit, labels in rows}
-
-    def _remember(self, firing: Mapping[str, Mapping[str, str]]) -> None:
-        with self._store.transaction() as db:
-            db.execute("DELETE FROM alert_firing")
-            db.executemany(
-                "INSERT INTO alert_firing (unit, labels) VALUES (?, ?)",
-                [
-                    (unit, json.dumps(dict(labels), sort_keys=True))
-                    for unit, labels in firing.items()
-                ],
-            )
+def build_sink(config: Config) -> AlertmanagerSink:
+    """The Alertmanager sink for `config` (off without `alertmanager.url`)."""
+    return AlertmanagerSink(config.alertmanager, host=socket.gethostname())

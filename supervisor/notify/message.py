@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..model import Outcome, Taken
+from ..story import NO_ROOT_CAUSE, told_outcome
 from .decision import Group
 
 SECTION_LIMIT = 3000  # Slack: a section's text, a context element
@@ -53,25 +54,27 @@ def _field(title: str, body: str) -> dict[str, str]:
     return {"type": "mrkdwn", "text": truncate(f"*{title}*\n{body}", FIELD_LIMIT)}
 
 
-def _action_line(action: Taken, unit: str) -> str:
-    """What happened to the unit, and how a person undoes it."""
-    release = f"`vllm-supervisor release {escape(unit)}`"
-    return {
-        Taken.HALTED: f":octagonal_sign: Halted: systemd will not restart it. "
-        f"After fixing the cause, release it: {release}",
-        Taken.QUARANTINED: f":octagonal_sign: Quarantined: its gate refuses the next start, but "
-        f"systemd was not told (see the decision). After fixing the cause: {release}",
-        Taken.HALT_FAILED: ":rotating_light: Halt FAILED: the quarantine could not be written; "
-        "systemd may start it again.",
-        Taken.WOULD_HALT: ":warning: Dry run: no action taken (see the decision).",
-        Taken.RESTARTING: ":repeat: Restarting: systemd restarts it.",
-        Taken.RESTARTED: ":repeat: Restarted by the supervisor (systemd would not have).",
-        Taken.RESTART_FAILED: ":rotating_light: Restart FAILED: the server stays down.",
-        Taken.DOWN: ":red_circle: Down: nothing restarts it.",
-        Taken.RECORDED: ":scroll: Read late: recorded only, no action taken "
-        "(it is not the unit's present run).",
-        Taken.OBSERVED: ":eyes: Observed: no action taken.",
-    }[action]
+# Slack's own mark for what was done; the words are the shared story's (supervisor.story).
+_EMOJI = {
+    Taken.HALTED: ":octagonal_sign:",
+    Taken.QUARANTINED: ":octagonal_sign:",
+    Taken.HALT_FAILED: ":rotating_light:",
+    Taken.WOULD_HALT: ":warning:",
+    Taken.RESTARTING: ":repeat:",
+    Taken.RESTARTED: ":repeat:",
+    Taken.RESTART_FAILED: ":rotating_light:",
+    Taken.DOWN: ":red_circle:",
+    Taken.RECORDED: ":scroll:",
+    Taken.OBSERVED: ":eyes:",
+}
+
+
+def _action_line(outcome: Outcome, unit: str) -> str:
+    """What was decided and done, and how a person undoes a halt."""
+    line = f"{_EMOJI.get(outcome.taken, ':grey_question:')} {escape(told_outcome(outcome))}"
+    if outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
+        line += f". After fixing the cause, release it: `vllm-supervisor release {escape(unit)}`"
+    return line
 
 
 def _group_line(group: Group) -> str:
@@ -149,7 +152,7 @@ def _blocks(
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header}},
         {"type": "section", "fields": _fields(outcome, host)},
-        _section("Root cause", _code(verdict.root_cause or "no root-cause line found")),
+        _section("Root cause", _code(verdict.root_cause or NO_ROOT_CAUSE)),
     ]
     site = _crash_site(outcome)
     if site:
@@ -163,7 +166,7 @@ def _blocks(
         blocks.append(_section("Grouped", escape(_group_line(group))))
     if verdict.notes:
         blocks.append(_section("Notes", escape("; ".join(verdict.notes))))
-    blocks.append(_section("Action", _action_line(action, unit) + escape(_loop_length(outcome))))
+    blocks.append(_section("Action", _action_line(outcome, unit) + escape(_loop_length(outcome))))
     blocks.append(_section("Full log", _code(_log_command(outcome))))
     said = f"Decision: {outcome.decision.reason}"
     if outcome.taken_detail:
@@ -199,7 +202,7 @@ def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -
         f"{_header(outcome, host, group)} ({verdict.severity.value}, "
         f"restarts: {'unknown' if restarts is None else restarts})",
         f"Ended {_when(outcome)}, invocation {outcome.invocation.invocation_id or 'unknown'}",
-        f"Root cause: {verdict.root_cause or 'no root-cause line found'}",
+        f"Root cause: {verdict.root_cause or NO_ROOT_CAUSE}",
     ]
     if outcome.invocation.hung:
         lines.append(
@@ -209,7 +212,7 @@ def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -
         lines.append(f"Changed since the last good start: {'; '.join(outcome.drift)}")
     if group is not None and group.count > 1:
         lines.append(_group_line(group))
-    lines.append(f"Action: {action.value}{_loop_length(outcome)}")
+    lines.append(f"Action: {told_outcome(outcome)}{_loop_length(outcome)}")
     if action in (Taken.HALTED, Taken.QUARANTINED):
         lines.append(f"Release: vllm-supervisor release {unit}")
     lines.append(f"Log: {_log_command(outcome)}")

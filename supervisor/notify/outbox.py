@@ -1,7 +1,13 @@
-"""The durable outbox's delivery loop: pacing, retries, holding through a disk outage, health.
+"""The durable outbox's delivery loop for one edge-triggered sink: pacing, retries, holding
+through a disk outage, health.
 
-Whether a crash is told is `notify.decision`'s; the tables are `notify.queue`'s; this module times
-and sends. Queueing is a `Writer` that runs inside the batch's transaction (`Store.commit_batch`),
+Whether a crash is told is `notify.decision`'s; the tables are `notify.queue`'s; what a message
+says and how it is posted are the sink's (`notify.sink`: `render`, `send` -> `Result`); this
+module times and sends, the same for every sink (Alertmanager's DedupStage + RetryStage, per
+integration). Each sink has its own `Outbox` over its own rows, so a second sink is told about
+the same crash with its own message, pacing and retries. Slack is the example below.
+
+Queueing is a `Writer` that runs inside the batch's transaction (`Store.commit_batch`),
 so a message exists exactly when the crash it reports is recorded. `Outbox.run` delivers pending
 messages, marks the crashes `notified` in the history in the same transaction that marks the
 message sent, and survives supervisor restarts: each crash is announced once. (Only a crash of the
@@ -53,10 +59,10 @@ from typing import Any
 
 import structlog
 
-from ..config import SlackConfig, webhook_source
 from ..errors import NotifyError, StateError
 from ..model import Outcome
 from ..store import Store, Writer, mark_notified
+from ..telemetry.http import SinkState
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
 from ..util.retry import Backoff
@@ -67,15 +73,13 @@ from .decision import (
     is_backlog,
     telling,
 )
-from .message import build_payload
 from .queue import MemberKey, OutboxQueue, QueuedMessage, dump
-from .webhook import SlackRateLimited, SlackWebhook
+from .sink import Crash, EdgeSink, LevelSink, Result, failed
 
 BACKOFF_BASE_S = 1.0
 RETENTION_S = 7 * 86400.0  # delivered and failed messages are kept this long for inspection
 STATE_RETRY_S = 5.0  # wait after a state database error before trying again
 MAX_TIMEOUT_GROWTH = 4  # an attempt after ambiguous timeouts waits up to 4 x timeout_s
-UNREACHABLE = frozenset({"connect", "tls"})  # the request never reached Slack
 MAX_HEALTHY_DEPTH = 100
 MAX_CONSECUTIVE_FAILURES = 3
 UNRENDERABLE = "unrenderable"
@@ -99,14 +103,13 @@ def _noop(db: sqlite3.Connection) -> None:
 
 
 class Outbox:
-    """Queues crash messages atomically with their batch and delivers them to one webhook."""
+    """Queues one sink's crash messages atomically with their batch and delivers them."""
 
     def __init__(
         self,
         store: Store,
-        webhook: SlackWebhook | None,
+        sink: EdgeSink,
         metrics: Metrics,
-        config: SlackConfig,
         *,
         host: str,
         now: Callable[[], float] = time.time,
@@ -114,9 +117,10 @@ class Outbox:
         rng: random.Random | None = None,
     ) -> None:
         self._store = store
-        self._webhook = webhook
+        self.sink = sink
+        self._name = sink.name
         self._metrics = metrics
-        self._config = config
+        self._config = sink.pacing
         self._host = host
         self._now = now
         self._sleep = sleep
@@ -129,29 +133,15 @@ class Outbox:
         self._held: dict[MemberKey, _Held] = {}  # crashes not in the database yet, oldest first
         self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
         self._state_error: str | None = None  # the last write error, logged once
-        self._queue = OutboxQueue(store)
-        self._invalid = self._check_url(webhook)  # why Slack is off though configured
+        self._queue = OutboxQueue(store, self._name)
+        metrics.sink(self._name)
         with contextlib.suppress(StateError):
-            if repeats := self._queue.interrupted():
+            if repeats := self._queue.interrupted(sink.resent):
                 _log.warning(
-                    "slack_sending_interrupted",
+                    f"{self._name}_sending_interrupted",
                     count=repeats,
                     action="sent again, marked as a possible repeat",
                 )
-
-    def _check_url(self, webhook: SlackWebhook | None) -> str | None:
-        """One error line, naming where the URL came from (never the URL), when it is unusable."""
-        if webhook is None or webhook.problem is None:
-            return None
-        source = webhook_source(self._config)
-        _log.error(
-            "slack_webhook_invalid",
-            source=source,
-            problem=webhook.problem,
-            action="Slack is off: crashes are still halted and recorded, their messages wait; "
-            "fix the URL (vllm-supervisor check-config) and reload",
-        )
-        return f"slack webhook URL from {source} unusable ({webhook.problem}): Slack is off"
 
     # -- queueing (inside the batch transaction) ----------------------------------------------
 
@@ -159,9 +149,9 @@ class Outbox:
         """A writer for `Store.commit_batch(extra=[...])` that queues this crash's message."""
         reason = self._telling(outcome)
         if reason is NotifyReason.MUTED:
-            self._metrics.notification("dropped")
+            self._metrics.notification("dropped", self._name)
         if reason is NotifyReason.FOLDED:
-            self._metrics.notification("folded")
+            self._metrics.notification("folded", self._name)
             inv = outcome.invocation
 
             def folded(db: sqlite3.Connection) -> None:
@@ -180,7 +170,8 @@ class Outbox:
     def _telling(self, outcome: Outcome) -> NotifyReason:
         return telling(
             outcome,
-            endpoint=self._webhook is not None and self._invalid is None,
+            # Off or unusable: new crashes are not queued (those queued before wait for a fix).
+            endpoint=self.sink.state().state == "on",
             notify_transient=self._config.notify_transient,
         )
 
@@ -198,13 +189,15 @@ class Outbox:
             due=now + (self._config.backlog_hold_s if is_backlog(group) else 0.0),
             group_interval_s=self._config.group_interval_s,
             inflight=self._inflight,
-            render=lambda grouped: build_payload(outcome, host=self._host, group=grouped),
+            render=lambda grouped: self.sink.render(
+                Crash(outcome=outcome, host=self._host, group=grouped)
+            ),
             # Announced from memory while the database was full: record it as sent, once.
             sent_at=held.sent_at if held is not None else None,
         )
         if added is None:
             return  # this invocation is already queued: a replayed batch
-        self._metrics.notification(added)
+        self._metrics.notification(added, self._name)
         # The run loop cannot see the row before this synchronous commit returns, so waking
         # it now is safe; after a rollback it simply finds nothing new.
         self._wake.set()
@@ -226,7 +219,7 @@ class Outbox:
             return
         member = (outcome.invocation.unit or "", key)
         if member not in self._held:
-            payload = build_payload(outcome, host=self._host)
+            payload = self.sink.render(Crash(outcome=outcome, host=self._host))
             self._held[member] = _Held(payload=dump(payload))
             self._wake.set()
 
@@ -234,25 +227,25 @@ class Outbox:
         """Messages waiting for delivery."""
         return self._queue.depth()
 
-    def use(self, webhook: SlackWebhook | None) -> None:
-        """Deliver to `webhook` from now on (a reload read a new URL); None turns Slack off.
-        Messages already queued go to the new one; crashes while off were not queued."""
-        self._webhook = webhook
-        self._invalid = self._check_url(webhook)
+    def reset(self) -> None:
+        """The sink's endpoint changed (a reload read a new URL): forget its failures and look
+        at the queue now. Messages already queued go to the new one; crashes while it was off
+        were not queued."""
         self._last_error, self._consecutive_failures, self._next_send_at = None, 0, 0.0
         self._wake.set()
 
-    @property
-    def last_error(self) -> str | None:
-        """Why the last attempt failed (no URL in it); None once one succeeds."""
-        return self._last_error
+    def state(self) -> SinkState:
+        """The sink's own state; while on, the error of the last failed attempt."""
+        state = self.sink.state()
+        return SinkState("on", self._last_error) if state.state == "on" else state
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: unhealthy on a backlog, repeated failures or a stuck queue."""
-        if self._webhook is None:
-            return True, {"slack": "off", "reasons": []}
-        if self._invalid is not None:
-            return False, {"slack": "invalid_url", "reasons": [self._invalid]}
+        state = self.sink.state()
+        if state.state == "off":
+            return True, {self._name: "off", "reasons": []}
+        if state.state != "on":
+            return False, {self._name: state.state, "reasons": [state.last_error or state.state]}
         try:
             depth, overdue = self._queue.backlog(self._now())
         except StateError as exc:
@@ -261,7 +254,7 @@ class Outbox:
         if depth > MAX_HEALTHY_DEPTH:
             reasons.append(f"outbox backlog: {depth} messages")
         if self._consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
-            reasons.append(f"slack failing: {self._last_error}")
+            reasons.append(f"{self._name} failing: {self._last_error}")
         if overdue is not None and overdue > self._config.backoff_max_s + 60:
             reasons.append(f"outbox stuck: oldest message {overdue:.0f}s overdue")
         return not reasons, {"outbox_depth": depth, "reasons": reasons}
@@ -270,11 +263,11 @@ class Outbox:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver pending messages until `stop` is set; state errors are logged and retried.
-        Without a usable webhook it waits for one (`use`, at a reload)."""
+        Without a usable endpoint it waits for one (`reset`, at a reload)."""
         pruned = False
         while not stop.is_set():
             self._wake.clear()
-            if self._webhook is None or self._invalid is not None:
+            if self.sink.state().state != "on":
                 await first_of(stop.wait(), self._wake.wait())
                 continue
             try:
@@ -291,7 +284,7 @@ class Outbox:
         self._settle_memory()
         message = self._queue.next_due(list(self._unrecorded))
         held = next((k for k, h in self._held.items() if h.sent_at is None), None)
-        self._metrics.outbox_depth(self.depth() + len(self._held))
+        self._metrics.outbox_depth(self.depth() + len(self._held), self._name)
         now = self._now()
         if message is None and held is None:
             await self._wait(stop, None)
@@ -313,27 +306,17 @@ class Outbox:
             waits.append(self._sleep(seconds))
         await first_of(*waits)
 
-    async def _attempt(self, payload: str, attempts: int) -> NotifyError | None:
-        """One POST; the error, or None when Slack took it."""
-        assert self._webhook is not None  # noqa: S101 - run() returns early without one
+    async def _attempt(self, payload: str, attempts: int) -> Result:
+        """One send of a stored payload, however the sink fails, as a `Result`."""
         timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2**attempts)
         try:
             body = json.loads(payload)
         except ValueError:
-            return NotifyError(
-                "slack: stored message is not JSON", reason=UNRENDERABLE, retryable=False
+            error = NotifyError(
+                f"{self._name}: stored message is not JSON", reason=UNRENDERABLE, retryable=False
             )
-        try:
-            async with asyncio.timeout(timeout_s + 5):
-                await self._webhook.send(body, timeout_s=timeout_s)
-        except NotifyError as exc:
-            return exc
-        except TimeoutError:
-            return NotifyError("slack: timeout: no answer", reason="timeout", retryable=True)
-        except Exception as exc:  # never a crash loop; its text may hold the URL
-            name = type(exc).__name__
-            return NotifyError(f"slack: unexpected {name}", reason="internal", retryable=True)
-        return None
+            return failed(error)
+        return await guarded_send(self.sink, body, timeout_s)
 
     async def _deliver(self, message: QueuedMessage) -> None:
         self._inflight = message.id
@@ -345,7 +328,7 @@ class Outbox:
             error = await self._attempt(message.payload, message.attempts)
         finally:
             self._inflight = None
-        if error is None:
+        if error.delivered:
             self._delivered(message)
         else:
             self._failed(message, error)
@@ -356,15 +339,15 @@ class Outbox:
         message = self._queue.of_member(member)
         if message is not None:
             del self._held[member]
-            if error is None:
+            if error.delivered:
                 self._delivered(message)
             else:
                 self._failed(message, error)
             return
-        if error is None:
+        if error.delivered:
             self._held[member].sent_at = self._now()
             self._sent_ok()
-        elif not error.retryable:
+        elif not error.recoverable:
             del self._held[member]  # the database copy, once committed, gets its own attempts
             self._failed_endpoint(error, dropped=False)
         else:
@@ -388,7 +371,7 @@ class Outbox:
         try:
             self._queue.record_sent(message.id, now)
         except StateError as exc:
-            # Slack has it: never send it again, record it when the database takes writes.
+            # The far end has it: never send it again, record it when the database takes writes.
             self._unrecorded[message.id] = now
             self._state_failed(exc)
         else:
@@ -397,9 +380,9 @@ class Outbox:
 
     def _sent_ok(self, attempts: int = 0) -> None:
         self._next_send_at = self._now() + self._config.min_interval_s
-        self._metrics.notification("sent")
+        self._metrics.notification("sent", self._name)
         if self._last_error is not None:
-            _log.info("slack_delivery_recovered", attempts=attempts + 1)
+            _log.info(f"{self._name}_delivery_recovered", attempts=attempts + 1)
         self._last_error, self._consecutive_failures = None, 0
 
     def _state_failed(self, exc: StateError) -> None:
@@ -413,45 +396,68 @@ class Outbox:
             _log.info("outbox_state_recovered")
         self._state_error = None
 
-    def _failed(self, message: QueuedMessage, exc: NotifyError) -> None:
+    def _failed(self, message: QueuedMessage, result: Result) -> None:
         """Back the endpoint off, or give the message up when permanent or out of attempts."""
-        attempts = message.attempts + (0 if exc.reason in UNREACHABLE else 1)
-        if exc.retryable and attempts < self._config.max_attempts:
-            self._queue.update(message.id, attempts, "pending", message.due, exc.reason)
-            self._failed_endpoint(exc, dropped=False, attempt=attempts)
+        attempts = message.attempts + (1 if result.reached else 0)
+        if result.recoverable and attempts < self._config.max_attempts:
+            self._queue.update(message.id, attempts, "pending", message.due, result.reason)
+            self._failed_endpoint(result, dropped=False, attempt=attempts)
         else:
-            self._queue.update(message.id, attempts, "failed", message.due, exc.reason)
-            self._metrics.notification_dropped("slack", _drop_reason(exc))
-            self._failed_endpoint(exc, dropped=True, attempt=attempts)
+            self._queue.update(message.id, attempts, "failed", message.due, result.reason)
+            self._metrics.notification_dropped(self._name, drop_reason(result))
+            self._failed_endpoint(result, dropped=True, attempt=attempts)
 
-    def _failed_endpoint(self, exc: NotifyError, *, dropped: bool, attempt: int = 1) -> None:
+    def _failed_endpoint(self, result: Result, *, dropped: bool, attempt: int = 1) -> None:
         """Pause all sending for a backoff; log a new error once."""
         now = self._now()
         self._consecutive_failures += 1
-        delay = self._backoff(self._consecutive_failures, exc) if exc.retryable else 0.0
+        delay = self._backoff(self._consecutive_failures, result) if result.recoverable else 0.0
         self._next_send_at = now + max(self._config.min_interval_s, delay)
         if dropped:
-            self._metrics.notification("failed")
-            _log.error("slack_message_dropped", error=str(exc), reason=exc.reason, attempts=attempt)
+            self._metrics.notification("failed", self._name)
+            _log.error(
+                f"{self._name}_message_dropped",
+                error=result.error,
+                reason=result.reason,
+                attempts=attempt,
+            )
         else:
-            self._metrics.notification("retried")
-            if str(exc) != self._last_error:
+            self._metrics.notification("retried", self._name)
+            if result.error != self._last_error:
                 _log.warning(
-                    "slack_delivery_failed", error=str(exc), attempt=attempt, retry_in_s=delay
+                    f"{self._name}_delivery_failed",
+                    error=result.error,
+                    attempt=attempt,
+                    retry_in_s=delay,
                 )
-        self._last_error = str(exc)
+        self._last_error = result.error
 
-    def _backoff(self, attempts: int, exc: NotifyError) -> float:
-        """Capped exponential backoff with jitter; at least Slack's Retry-After."""
+    def _backoff(self, attempts: int, result: Result) -> float:
+        """Capped exponential backoff with jitter; at least the far end's Retry-After."""
         cap = max(BACKOFF_BASE_S, self._config.backoff_max_s)
         delay = Backoff(BACKOFF_BASE_S, cap, jitter=True).delay(attempts, self._rng)
-        if isinstance(exc, SlackRateLimited) and exc.retry_after is not None:
-            delay = max(delay, min(cap, exc.retry_after))
+        if result.retry_after is not None:
+            delay = max(delay, min(cap, result.retry_after))
         return delay
 
 
-def _drop_reason(exc: NotifyError) -> str:
-    """The `reason` label of a dropped message (bounded; Slack's own codes are 4xx)."""
-    if exc.retryable:
+async def guarded_send(sink: EdgeSink | LevelSink, payload: Any, timeout_s: float) -> Result:
+    """`sink.send` bounded in time, with whatever it raises after all made a `Result`: a sink
+    can never stop the loop that drives it (its text is not kept: it may hold the URL)."""
+    try:
+        async with asyncio.timeout(timeout_s + 5):
+            return await sink.send(payload, timeout_s=timeout_s)
+    except TimeoutError:
+        error = NotifyError(f"{sink.name}: timeout: no answer", reason="timeout", retryable=True)
+    except Exception as exc:  # never a crash loop
+        error = NotifyError(
+            f"{sink.name}: unexpected {type(exc).__name__}", reason="internal", retryable=True
+        )
+    return failed(error)
+
+
+def drop_reason(result: Result) -> str:
+    """The `reason` label of a dropped message (bounded; a far end's own codes are 4xx)."""
+    if result.recoverable:
         return "attempts_exhausted"
-    return exc.reason if exc.reason in PERMANENT_REASONS else "http_4xx"
+    return result.reason if result.reason in PERMANENT_REASONS else "http_4xx"

@@ -1,10 +1,12 @@
-"""The outbox's SQL: messages and the crashes they tell, in the state database.
+"""The outbox's SQL: messages and the crashes they tell, in the state database, per sink.
 
-Pure storage, no timing and no delivery (supervisor.notify.outbox runs the loop). A crash is a
-member of exactly one message (`outbox_member`, unique per unit and dedupe key, so a replayed
-batch queues nothing twice); a group's pending message takes its later crashes. Marking a
-message sent marks its crashes notified in the history, through `Store`, in the same
-transaction, so "sent" and "notified" never disagree.
+Pure storage, no timing and no delivery (supervisor.notify.outbox runs the loop). Every row
+belongs to one sink (`sink`): each sink's queue is its own, in one table. A crash is a member of
+exactly one message per sink (`outbox_member`, unique per sink, unit and dedupe key, so a
+replayed batch queues nothing twice, and a second sink queues its own); a group's pending
+message takes its later crashes. Marking a message sent marks its crashes notified in the
+history, through `Store`, in the same transaction, so "sent" and "notified" never disagree (a
+crash is notified once any sink delivered it). The tables are made by supervisor.migrations.
 """
 
 from __future__ import annotations
@@ -19,36 +21,10 @@ from ..errors import StateError
 from ..model import Outcome
 from ..store import Store, mark_notified
 from .decision import Group, dedupe_key, group_key
-from .message import as_repeat
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY,
-    group_key TEXT,                         -- unit NUL signature; NULL: never grouped
-    created REAL NOT NULL,
-    due REAL NOT NULL,                      -- not before this unix time
-    attempts INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT 'pending',  -- pending | sending | sent | failed
-    sent_at REAL,
-    payload TEXT NOT NULL,                  -- the Slack JSON body
-    last_error TEXT                         -- a bounded reason, never the URL
-);
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (state, due);
-CREATE TABLE IF NOT EXISTS outbox_member (
-    id INTEGER PRIMARY KEY,
-    message_id INTEGER NOT NULL,
-    unit TEXT,
-    invocation_id TEXT,
-    dedupe_key TEXT,                        -- invocation id (or cursor); NULL: no dedupe
-    time REAL NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS outbox_member_key
-    ON outbox_member (ifnull(unit, ''), dedupe_key);
-CREATE INDEX IF NOT EXISTS outbox_member_message ON outbox_member (message_id);
-"""
 
 MemberKey = tuple[str, str]  # (unit or "", dedupe key): one crash in outbox_member
-Render = Callable[[Group | None], dict[str, Any]]
+Render = Callable[[Group | None], Any]
+Resent = Callable[[Any], Any]  # a payload marked as possibly sent before (Sink.resent)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,24 +38,23 @@ class QueuedMessage:
 
 
 class OutboxQueue:
-    """The outbox tables of one state database."""
+    """One sink's rows of the outbox tables."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, sink: str = "slack") -> None:
         self._store = store
-        try:
-            store.connection.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StateError(f"{store.path}: cannot create the outbox tables: {exc}") from exc
+        self.sink = sink
 
-    def interrupted(self) -> int:
+    def interrupted(self, resent: Resent) -> int:
         """Messages a previous run was sending when it ended (killed between the POST and
-        recording its answer): Slack may have them. They go out again, saying so, rather
-        than not at all; the count of them."""
+        recording its answer): the far end may have them. They go out again, marked by
+        `resent`, rather than not at all; the count of them."""
         with self._store.transaction() as db:
-            rows = db.execute("SELECT id, payload FROM outbox WHERE state = 'sending'").fetchall()
+            rows = db.execute(
+                "SELECT id, payload FROM outbox WHERE sink = ? AND state = 'sending'", (self.sink,)
+            ).fetchall()
             for message_id, payload in rows:
                 try:
-                    marked = dump(as_repeat(json.loads(payload)))
+                    marked = dump(resent(json.loads(payload)))
                 except ValueError:
                     marked = payload  # unrenderable: the delivery loop drops it with one line
                 db.execute(
@@ -118,8 +93,8 @@ class OutboxQueue:
         when = inv.ended_us / 1_000_000 if inv.ended_us else now
         member = db.execute(
             "INSERT OR IGNORE INTO outbox_member"
-            " (message_id, unit, invocation_id, dedupe_key, time) VALUES (0, ?, ?, ?, ?)",
-            (inv.unit, inv.invocation_id, dedupe_key(outcome), when),
+            " (sink, message_id, unit, invocation_id, dedupe_key, time) VALUES (?, 0, ?, ?, ?, ?)",
+            (self.sink, inv.unit, inv.invocation_id, dedupe_key(outcome), when),
         )
         if member.rowcount == 0:
             return None
@@ -149,9 +124,9 @@ class OutboxQueue:
         if key is None:
             return None
         row = db.execute(
-            "SELECT id FROM outbox WHERE group_key = ? AND state = 'pending' AND id IS NOT ?"
-            " ORDER BY id LIMIT 1",
-            (key, inflight),
+            "SELECT id FROM outbox WHERE sink = ? AND group_key = ? AND state = 'pending'"
+            " AND id IS NOT ? ORDER BY id LIMIT 1",
+            (self.sink, key, inflight),
         ).fetchone()
         return None if row is None else int(row[0])
 
@@ -162,14 +137,14 @@ class OutboxQueue:
         if key is not None:
             (last,) = db.execute(
                 "SELECT max(CASE WHEN state = 'sent' THEN sent_at ELSE created END)"
-                " FROM outbox WHERE group_key = ?",
-                (key,),
+                " FROM outbox WHERE sink = ? AND group_key = ?",
+                (self.sink, key),
             ).fetchone()
             if last is not None:
                 due = max(now, float(last) + interval_s)
         cursor = db.execute(
-            "INSERT INTO outbox (group_key, created, due, payload) VALUES (?, ?, ?, '{}')",
-            (key, now, due),
+            "INSERT INTO outbox (sink, group_key, created, due, payload) VALUES (?, ?, ?, ?, '{}')",
+            (self.sink, key, now, due),
         )
         return int(cursor.lastrowid or 0)
 
@@ -183,9 +158,9 @@ class OutboxQueue:
     def next_due(self, skip: list[int]) -> QueuedMessage | None:
         """The pending message due first, leaving out `skip` (sent, not yet recorded)."""
         row = self._read(
-            "SELECT id, due, attempts, payload FROM outbox WHERE state = 'pending'"
+            "SELECT id, due, attempts, payload FROM outbox WHERE sink = ? AND state = 'pending'"
             " AND id NOT IN (SELECT value FROM json_each(?)) ORDER BY due, id LIMIT 1",
-            (json.dumps(skip),),
+            (self.sink, json.dumps(skip)),
         )
         return (
             None
@@ -198,8 +173,9 @@ class OutboxQueue:
         try:
             row = self._read(
                 "SELECT o.id, o.due, o.attempts, o.payload FROM outbox o JOIN outbox_member m"
-                " ON m.message_id = o.id WHERE ifnull(m.unit, '') = ? AND m.dedupe_key = ?",
-                member,
+                " ON m.message_id = o.id WHERE m.sink = ? AND ifnull(m.unit, '') = ?"
+                " AND m.dedupe_key = ?",
+                (self.sink, *member),
             )
         except StateError:
             return None
@@ -233,25 +209,32 @@ class OutboxQueue:
             )
 
     def prune(self, horizon: float) -> None:
-        """Forget delivered and failed messages created before `horizon`."""
+        """Forget this sink's delivered and failed messages created before `horizon`."""
         with self._store.transaction() as db:
             db.execute(
                 "DELETE FROM outbox_member WHERE message_id IN (SELECT id FROM outbox"
-                " WHERE state != 'pending' AND created < ?)",
-                (horizon,),
+                " WHERE sink = ? AND state != 'pending' AND created < ?)",
+                (self.sink, horizon),
             )
-            db.execute("DELETE FROM outbox WHERE state != 'pending' AND created < ?", (horizon,))
+            db.execute(
+                "DELETE FROM outbox WHERE sink = ? AND state != 'pending' AND created < ?",
+                (self.sink, horizon),
+            )
 
     def depth(self) -> int:
         """Messages waiting for delivery (the one being sent included)."""
-        row = self._read("SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending')", ())
+        row = self._read(
+            "SELECT count(*) FROM outbox WHERE sink = ? AND state IN ('pending', 'sending')",
+            (self.sink,),
+        )
         return int(row[0]) if row is not None else 0
 
     def backlog(self, now: float) -> tuple[int, float | None]:
         """Pending messages, and how long the oldest due one is overdue (None: none pending)."""
         row = self._read(
-            "SELECT count(*), ? - min(due) FROM outbox WHERE state IN ('pending', 'sending')",
-            (now,),
+            "SELECT count(*), ? - min(due) FROM outbox"
+            " WHERE sink = ? AND state IN ('pending', 'sending')",
+            (now, self.sink),
         )
         assert row is not None  # noqa: S101 - an aggregate always returns a row
         return int(row[0]), row[1]
@@ -262,12 +245,6 @@ class OutboxQueue:
                 return self._store.connection.execute(sql, args).fetchone()
         except sqlite3.Error as exc:
             raise StateError(f"{self._store.path}: cannot read the outbox: {exc}") from exc
-
-
-def _message(row: Any) -> QueuedMessage | None:
-    if row is None:
-        return None
-    return QueuedMessage(id=row[0], due=row[1], attempts=row[2], payload=row[3])
 
 
 def dump(value: Any) -> str:

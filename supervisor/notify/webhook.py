@@ -128,6 +128,11 @@ class SlackWebhook:
             )
         return self._client
 
+    @property
+    def url(self) -> Secret:
+        """The URL, as the secret it is (its repr is masked)."""
+        return self._url
+
     def __repr__(self) -> str:
         return f"SlackWebhook(url={REDACTED!r})"
 

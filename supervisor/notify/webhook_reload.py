@@ -1,8 +1,9 @@
 """A reload applies a new Slack webhook URL, or names it for `not_reloaded` when it cannot.
 
 At a SIGHUP the URL is resolved again from where it came (the config, `slack.webhook_url_file`,
-the systemd credential `slack-webhook`); a URL that changed replaces the outbox's endpoint at
-once (Slack turns on, off, or moves), logged by where it came from, never by the URL.
+the systemd credential `slack-webhook`); a URL that changed replaces the Slack sink's webhook at
+once (Slack turns on, off, or moves; its outbox lane forgets the old one's failures), logged by
+where it came from, never by the URL.
 
 systemd hands a `LoadCredential=` source over as a copy in $CREDENTIALS_DIRECTORY. For the
 shipped unit (a private, read-only credential mount) systemd 252 writes the copy again for the
@@ -35,7 +36,7 @@ from ..config import (
     webhook_source,
 )
 from ..errors import ConfigError
-from .outbox import Outbox
+from .slack import SlackSink
 from .webhook import SlackWebhook
 
 # The source file of a unit's credential: (unit, credential id) -> its path, or None when the
@@ -53,24 +54,28 @@ def _digest(url: Secret | None) -> str:
 
 
 class SlackReload:
-    """Keeps the outbox's webhook the one the config and its sources name now."""
+    """Keeps the Slack sink's webhook the one the config and its sources name now."""
 
     def __init__(
         self,
-        outbox: Outbox,
-        url: Secret | None,
+        sink: SlackSink,
         *,
+        changed: Callable[[], None] = lambda: None,
         timeout_s: float,
         credential_source: CredentialSource | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> None:
-        self._outbox = outbox
-        self._running = _digest(url)
+        self._sink = sink
+        self._changed = changed  # told after the webhook changed (the outbox lane's reset)
+        self._running = _digest(sink.webhook.url if sink.webhook else None)
         self._timeout_s = timeout_s  # slack.timeout_s is applied by a restart, like [slack]
         self._credential_source = credential_source
         self._environ = environ
-        self.webhook = SlackWebhook(url, timeout_s=timeout_s) if url else None
-        outbox.use(self.webhook)
+
+    @property
+    def webhook(self) -> SlackWebhook | None:
+        """The webhook the sink posts to now."""
+        return self._sink.webhook
 
     async def reload(self, config: Config) -> list[str]:
         """Apply the URL `config` gives now; the names of what only a restart applies."""
@@ -86,16 +91,11 @@ class SlackReload:
         credential = self._credential(slack)
         return [] if credential is None else await self._stale_credential(credential)
 
-    async def aclose(self) -> None:
-        """Close the current Slack client."""
-        if self.webhook is not None:
-            await self.webhook.aclose()
-
     async def _use(self, url: Secret | None, source: str) -> None:
         old = self.webhook
-        self.webhook = SlackWebhook(url, timeout_s=self._timeout_s) if url else None
+        self._sink.use(SlackWebhook(url, timeout_s=self._timeout_s) if url else None)
         self._running = _digest(url)
-        self._outbox.use(self.webhook)
+        self._changed()
         log.info("slack_webhook_reloaded", source=source, slack="on" if url else "off")
         if old is not None:
             await old.aclose()

@@ -44,6 +44,8 @@ OTHER = "other"
 NOTIFICATION_OUTCOMES = ("queued", "grouped", "sent", "retried", "failed", "dropped", "folded")
 """Values of the `outcome` label of `vllm_supervisor_notifications_total`."""
 DROP_SINKS = ("slack", "alertmanager")
+"""Sinks whose series exist from the start; any other sink's once it is built (`sink`)."""
+_SINK_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")  # sinks are named in code, never by input
 DROP_REASONS = ("invalid_url", "http_4xx", "unrenderable", "attempts_exhausted", "other")
 """Labels of `vllm_supervisor_notifications_dropped_total`: messages given up for good."""
 
@@ -205,9 +207,11 @@ class Metrics:
             ["unit", "outcome"],
         )
         self._notifications = self._counter(
-            "notifications_total", "Slack notifications by outcome.", ["outcome"]
+            "notifications_total", "Notifications by sink and outcome.", ["sink", "outcome"]
         )
-        self._outbox = self._gauge("outbox_depth", "Notifications waiting for delivery.")
+        self._outbox = self._gauge(
+            "outbox_depth", "Notifications waiting for delivery, by sink.", ["sink"]
+        )
         self._dropped = self._counter(
             "notifications_dropped_total",
             "Notifications given up for good, by sink and reason: an unusable URL, a 4xx, a "
@@ -225,11 +229,8 @@ class Metrics:
             self._source_restarts.labels(reason)
         for reason in ENTRY_INVALID_REASONS:
             self._invalid.labels(reason)
-        for outcome in NOTIFICATION_OUTCOMES:
-            self._notifications.labels(outcome)
         for sink in DROP_SINKS:
-            for reason in DROP_REASONS:
-                self._dropped.labels(sink, reason)
+            self.sink(sink)
         for reason in STATE_ERROR_REASONS:
             self._state_errors.labels(reason)
         self._init_unit(UNKNOWN)
@@ -403,19 +404,28 @@ class Metrics:
         """Count lines journald dropped from a unit (its rate limit)."""
         self._suppressed.labels(self._unit(unit)).inc(max(0, count))
 
-    def notification(self, outcome: str) -> None:
-        """Count a notification event: queued, grouped, sent, retried, failed or dropped."""
+    def sink(self, name: str) -> None:
+        """Create a sink's series at 0, so its first failure is an increase from 0."""
+        sink = _sink_label(name)
+        for outcome in NOTIFICATION_OUTCOMES:
+            self._notifications.labels(sink, outcome)
+        for reason in DROP_REASONS:
+            self._dropped.labels(sink, reason)
+        self._outbox.labels(sink)
+
+    def notification(self, outcome: str, sink: str = "slack") -> None:
+        """Count a notification event of a sink: queued, grouped, sent, retried, failed, ..."""
         label = outcome if outcome in NOTIFICATION_OUTCOMES else OTHER
-        self._notifications.labels(label).inc()
+        self._notifications.labels(_sink_label(sink), label).inc()
 
     def notification_dropped(self, sink: str, reason: str) -> None:
         """Count a message a sink gave up for good (see DROP_REASONS)."""
         label = reason if reason in DROP_REASONS else OTHER
-        self._dropped.labels(sink if sink in DROP_SINKS else OTHER, label).inc()
+        self._dropped.labels(_sink_label(sink), label).inc()
 
-    def outbox_depth(self, n: int) -> None:
-        """Record how many notifications wait for delivery."""
-        self._outbox.set(n)
+    def outbox_depth(self, n: int, sink: str = "slack") -> None:
+        """Record how many of a sink's notifications wait for delivery."""
+        self._outbox.labels(_sink_label(sink)).set(n)
 
     def state_error(self, reason: str) -> None:
         """Count a failure of the state database."""
@@ -439,3 +449,8 @@ def new_registry(*, process: bool = True) -> CollectorRegistry:
 
 def _seconds(us: int | None) -> float | None:
     return None if us is None else us / 1_000_000
+
+
+def _sink_label(name: str) -> str:
+    """A sink's name as a label value: bounded, whatever a caller passes."""
+    return name if _SINK_NAME.fullmatch(name) else OTHER

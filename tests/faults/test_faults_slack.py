@@ -39,7 +39,7 @@ from faults.harness import (
 from vllm_supervisor.journal.writer import JournalWriter, crashed_invocation
 
 QUARANTINE = Path("run") / "quarantine" / f"{UNIT}.json"
-RETRIED = 'vllm_supervisor_notifications_total{outcome="retried"}'
+RETRIED = 'vllm_supervisor_notifications_total{outcome="retried",sink="slack"}'
 HOSTILE = "ZeroDivisionError: <!channel> <@U123> <https://x|y> <!here> &amp; done"
 
 
