@@ -7,6 +7,7 @@ Per invocation, in journal order (the facts checked on systemd 252, docs/DESIGN.
     U       the log's lines (stdout)                        _SYSTEMD_UNIT=U _SYSTEMD_INVOCATION_ID
     PID 1   U: Main process exited, code=exited, status=1/FAILURE
                                                98e32220...  EXIT_CODE=exited EXIT_STATUS=1
+            (or the timing's ending: another status, none for status 0, `code=killed` for a signal)
     PID 1   U: Failed with result 'exit-code'. d9b373ed...  UNIT_RESULT=exit-code
     (all but the last invocation, RestartSec later)
     PID 1   U: Scheduled restart job, restart counter is at N.   5eb03494...  N_RESTARTS=N
@@ -67,7 +68,15 @@ class LoopTiming:
     # > 0: the server logs SERVING_LINE right after "Started" and serves this long before the
     # log's lines (a crash while serving); 0: the log's lines are its whole life (startup).
     served_for_s: float = 0.0
+    # How the main process ended, as systemd records it: an exit status, or a signal (then
+    # `exit_status` is ignored). A real journal's ending is replayed, not assumed: a kill from
+    # outside reads differently from an exit of the program's own.
+    exit_status: int = 1
+    signal: int | None = None
 
+
+# systemd's names for the signals a main process is seen killed by ("status=9/KILL").
+SIGNAL_NAMES = {1: "HUP", 2: "INT", 6: "ABRT", 7: "BUS", 9: "KILL", 11: "SEGV", 15: "TERM"}
 
 # What uvicorn prints once vLLM's API server listens
 # (supervisor.environment.serving.is_serving_line).
@@ -169,9 +178,17 @@ def _one_invocation(
         now = first + step * (number + 1)
         out.append((now, {**fields, **trusted}))
     now = max(now, first + _us(timing.lines_over_s)) + _us(timing.exit_after_s)
-    exited, failed = exit_entries(unit, invocation_id, 1)
-    out.append((now, _pid1(exited, 5)))
-    now += 1_000
+    exited, failed = exit_entries(
+        unit,
+        invocation_id,
+        timing.exit_status,
+        signal=timing.signal,
+        signal_name=SIGNAL_NAMES.get(timing.signal or 0, str(timing.signal)),
+    )
+    if timing.signal is not None or timing.exit_status != 0:
+        # systemd 252 logs no "Main process exited" for a status-0 exit (DESIGN.md §5).
+        out.append((now, _pid1(exited, 5)))
+        now += 1_000
     out.append((now, _pid1(failed, 4)))
     return now
 

@@ -11,8 +11,10 @@ and policy.
 
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase, served_s: a serving log is replayed after a serving line and that
-many seconds of serving, 1800 by default), `--only PATTERN` (substring or glob of file names),
-`--json PATH`, `--jobs N` (logs replayed in parallel, default 2), `--signatures PATH`
+many seconds of serving, 1800 by default; ended: `exited:N` or `killed:N`, how systemd recorded
+the main process's end in the log's real journal, `exited:1` by default), `--only PATTERN`
+(substring or glob of file names), `--json PATH`, `--jobs N` (logs replayed in parallel,
+default 2), `--signatures PATH`
 (repeatable: another signature table, e.g. an older one, to tell what the table knows from what
 the rest infers), `--write-baseline` (the fatal logs that halt on the first crash and the
 transient ones halted by repetition, for tests/test_bench_decisions.py),
@@ -81,6 +83,8 @@ class LabelledLog:
     engine: str  # vllm | sglang | tgi | other
     phase: str | None = None
     served_s: float = 0.0  # serving logs: how long it had served before the crash
+    exit_status: int = 1  # how the main process ended (INDEX.tsv `ended`: exited:N, killed:N)
+    signal: int | None = None
 
     @property
     def path(self) -> Path:
@@ -121,9 +125,24 @@ def read_index(directory: Path) -> list[LabelledLog]:
                 engine=engine if engine in ENGINES else "other",
                 phase=(row.get("phase") or "").strip() or None,
                 served_s=_served_s(row, directory, number),
+                **_ended(row, directory, number),
             )
         )
     return logs
+
+
+def _ended(row: dict[str, str], directory: Path, number: int) -> dict[str, Any]:
+    """INDEX.tsv's `ended` (how systemd recorded the main process's end in the log's real
+    journal): `exited:N` or `killed:N`; empty: exited with status 1."""
+    text = (row.get("ended") or "").strip()
+    if not text:
+        return {}
+    code, _, value = text.partition(":")
+    if code not in ("exited", "killed") or not value.isdigit():
+        raise SystemExit(f"{directory}/INDEX.tsv:{number}: ended {text!r}")
+    if code == "killed":
+        return {"signal": int(value)}
+    return {"exit_status": int(value)}
 
 
 def _served_s(row: dict[str, str], directory: Path, number: int) -> float:
@@ -185,7 +204,9 @@ def replay(
     try:
         lines = journal_lines(log.path.read_text(encoding="utf-8", errors="replace"))
         name = f"{Path(log.corpus).name}/{log.file}"  # the ids do not depend on the checkout
-        timing = LoopTiming(served_for_s=log.served_s)
+        timing = LoopTiming(
+            served_for_s=log.served_s, exit_status=log.exit_status, signal=log.signal
+        )
         ids = write_crash_loop(
             directory, UNIT, lines, name=name, invocations=INVOCATIONS, timing=timing
         ).invocation_ids

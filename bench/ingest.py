@@ -117,8 +117,8 @@ def _supervisor(directory: Path, unit: str, *, source: str) -> Any:
         outcomes: list[Outcome] = []
         async for batch in read_all(settings):
             count += len(batch)
-            outcomes += pipeline.feed(batch)
-        return count, outcomes + pipeline.finish()
+            outcomes += pipeline.decide_all(pipeline.feed(batch))
+        return count, outcomes + pipeline.decide_all(pipeline.finish())
 
     def runner() -> tuple[int, dict[str, Any]]:
         count, outcomes = asyncio.run(run())

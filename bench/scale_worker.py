@@ -19,6 +19,12 @@ request asked at its start: `caught_up_s` and its `cpu_s`, output read and throw
 `python -m bench.scale_worker tracker SPEC.json`: the tracker alone, CPU microseconds per line
 fed (`us_per_line`) for `lines` lines of `size` bytes over 8 units.
 
+`python -m bench.scale_worker python_systemd SPEC.json`: the peer, python-systemd's Reader, reads
+the journal through the units' matches to its end (`measure_python_systemd`).
+
+`python -m bench.scale_worker table SPEC.json`: a signature table's load, validation and a
+crash's classification, apart (`measure_table`; SPEC {"table": DIR}).
+
 SPEC: {"journal": DIR, "units": [...], "expect": N, "reader": "auto"|"journalctl",
 "timeout_s": S, "lines": N, "size": B}. With PYTHONPATH naming another checkout's package, that
 checkout is measured.
@@ -87,6 +93,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
             metrics=MetricsConfig(enabled=False),
             systemd=SystemdConfig(enabled=False),
         )
+        last = _last_cursor(spec["journal"])
         stop = asyncio.Event()
         cpu0 = _cpu_s()
         started = time.monotonic()
@@ -94,7 +101,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         await was_built.wait()
         daemon = built[0]
         deadline = started + spec["timeout_s"]
-        caught_up = await _caught_up(daemon, deadline)
+        caught_up = await _caught_up(daemon, deadline, last)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided_all.wait(), max(0.0, deadline - time.monotonic()))
         status = _status()
@@ -120,14 +127,33 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _caught_up(daemon: Any, deadline: float) -> float | None:
-    """When the reader child answered a sync request (the journal read to its end), or None."""
+async def _caught_up(daemon: Any, deadline: float, last: str | None) -> float | None:
+    """When the reader child answered a sync request (the journal read to its end), or None.
+    The journalctl child takes no requests: then when the reader's checkpoint reached `last`,
+    the journal's last entry (polled: 50 ms at most late)."""
     while time.monotonic() < deadline:
-        if daemon.reader.following.is_set() and await daemon.reader.sync(
+        if not daemon.reader.can_sync:
+            if last is None or daemon.reader.cursor == last:
+                return time.monotonic()
+        elif daemon.reader.following.is_set() and await daemon.reader.sync(
             max(0.1, deadline - time.monotonic())
         ):
             return time.monotonic()
         await asyncio.sleep(0.05)  # no child yet (restarting): look again, with a deadline
+    return None
+
+
+def _last_cursor(directory: str) -> str | None:
+    """The cursor of the journal's last entry (journalctl, before the clock starts)."""
+    out = subprocess.run(
+        ["journalctl", f"--directory={directory}", "--lines=1", "--output=export",
+         "--output-fields=MESSAGE_ID", "--no-pager", "--quiet"],
+        capture_output=True,
+        check=True,
+    ).stdout  # fmt: skip
+    for line in out.splitlines():
+        if line.startswith(b"__CURSOR="):
+            return line.split(b"=", 1)[1].decode()
     return None
 
 
@@ -217,13 +243,108 @@ def measure_tracker(spec: dict[str, Any]) -> dict[str, Any]:
     return {"us_per_line": cpu / count * 1e6, "cpu_s": cpu}
 
 
+PEER_KEEP = 400  # messages a peer remembers per unit (bench.peers.KEEP)
+PEER_MATCH_UNITS_MAX = 64  # past this many, the peer filters in Python (as our reader does)
+
+
+def measure_python_systemd(spec: dict[str, Any]) -> dict[str, Any]:
+    """python-systemd's `Reader` reading the journal from its head to its end, with the units'
+    three fields as matches (what `journalctl -u` matches; past PEER_MATCH_UNITS_MAX units on
+    each entry's fields instead), every field decoded, the last PEER_KEEP messages of each unit
+    kept: `caught_up_s`, `cpu_s`, `entries` and its `rss_anon_mb` at the end."""
+    from collections import deque
+
+    from systemd import journal
+
+    units = list(spec["units"])
+    fields = ("_SYSTEMD_UNIT", "UNIT", "OBJECT_SYSTEMD_UNIT")
+    cpu0 = _cpu_s()
+    started = time.monotonic()
+    reader = journal.Reader(path=spec["journal"])
+    wanted = frozenset(units)
+    by_match = len(units) <= PEER_MATCH_UNITS_MAX
+    if by_match:
+        for index, name in enumerate(fields):
+            if index:
+                reader.add_disjunction()
+            for unit in units:
+                reader.add_match(**{name: unit})
+    reader.seek_head()
+    kept: dict[str, deque[object]] = {}
+    entries = 0
+    for entry in reader:
+        unit = next((entry[f] for f in fields if entry.get(f) in wanted), None)
+        if unit is None:
+            continue
+        entries += 1
+        kept.setdefault(unit, deque(maxlen=PEER_KEEP)).append(entry.get("MESSAGE"))
+    caught_up = time.monotonic() - started
+    status = _status()
+    return {
+        "caught_up_s": caught_up,
+        "cpu_s": _cpu_s() - cpu0,
+        "entries": entries,
+        "rss_anon_mb": status.get("RssAnon", 0) / 1024,
+        "hwm_mb": status.get("VmHWM", 0) / 1024,
+    }
+
+
+def measure_table(spec: dict[str, Any]) -> dict[str, Any]:
+    """A signature table directory: `validate_s` (every file parsed and checked, as loading
+    does), `load_s` (the whole load: validated, built, its sets compiled), the seed crash's
+    classification the first time (`classify_first_ms`: the sets' automata are built as they
+    scan) and after (`classify_ms`, median of 5), CPU time each, and the table's size."""
+    import statistics
+
+    from bench.generate import seed_lines
+    from vllm_supervisor.classify import signatures
+    from vllm_supervisor.classify.classifier import Classifier
+    from vllm_supervisor.classify.schema import parse_table_file
+    from vllm_supervisor.journal.saved import plain_text_invocation
+
+    directory = Path(spec["table"])
+    check = getattr(signatures, "check_pattern", signatures.compile_pattern)
+    files = sorted(directory.glob("*.toml"))
+    started = time.process_time()
+    for path in files:
+        parse_table_file(path, check)
+    validate = time.process_time() - started
+    started = time.process_time()
+    table = signatures.load_signature_table([directory])
+    load = time.process_time() - started
+    classifier = Classifier(table)
+    lines = plain_text_invocation(seed_lines()).lines
+    started = time.process_time()
+    verdict = classifier.classify(lines)
+    first = time.process_time() - started
+    again = []
+    for _ in range(5):
+        started = time.process_time()
+        classifier.classify(lines)
+        again.append(time.process_time() - started)
+    return {
+        "signatures": len(table),
+        "validate_s": validate,
+        "load_s": load,
+        "classify_first_ms": first * 1e3,
+        "classify_ms": statistics.median(again) * 1e3,
+        "signature": verdict.signature,
+        "rss_anon_mb": _status().get("RssAnon", 0) / 1024,
+    }
+
+
 def main(argv: list[str]) -> int:
-    """`python -m bench.scale_worker daemon|child|tracker SPEC.json`: one run, one JSON line."""
+    """`python -m bench.scale_worker daemon|child|tracker|python_systemd|table SPEC.json`: one
+    run, one JSON line."""
     mode, spec = argv[0], json.loads(Path(argv[1]).read_text())
     if mode == "daemon":
         result = asyncio.run(measure(spec))
     elif mode == "child":
         result = measure_child(spec)
+    elif mode == "python_systemd":
+        result = measure_python_systemd(spec)
+    elif mode == "table":
+        result = measure_table(spec)
     else:
         result = measure_tracker(spec)
     print(json.dumps(result), flush=True)

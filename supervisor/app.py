@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -43,7 +41,6 @@ from .engines.profiles import install as install_engines
 from .engines.profiles import load_engines
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
-from .errors import StateError
 from .journal.reader import JournalctlReader, ReaderSettings
 from .loop.acting import Job
 from .loop.checkpoint import Checkpointer, Position
@@ -57,7 +54,6 @@ from .notify.webhook_reload import SlackReload, credential_source
 from .pipeline import Pipeline
 from .seams import (
     BatchHook,
-    DriftLookup,
     JournalSource,
     Notifying,
     OutcomeSource,
@@ -73,11 +69,11 @@ from .telemetry.http import (
     sinks_check,
 )
 from .telemetry.metrics import Metrics
+from .util.daemon_lock import DaemonLock
 from .util.files import make_dirs
 
 log = structlog.get_logger(__name__)
 
-LOCK_NAME = "daemon.lock"
 CLOSE_BUDGET_S = 3.0  # sockets, the bus and the Slack client, closed together after the daemon
 
 
@@ -102,7 +98,8 @@ async def _run(
 ) -> None:
     table = load_table(config)
     install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
-    store, corrupt = Store.recover_in_directory(config.state.state_dir)
+    # Opening may upgrade the schema: in a thread, as every write.
+    store, corrupt = await asyncio.to_thread(Store.recover_in_directory, config.state.state_dir)
     if corrupt is not None:
         log.error("state_database_corrupt", moved_to=str(corrupt), action="started afresh")
     metrics = Metrics()
@@ -189,7 +186,6 @@ async def _run(
         ],
         wakers=[notify.wake],
         sources=[hangs],
-        drift=recorder.changes,
         names=names,
         reloaders=[slack.reload] if slack is not None else [],
     )
@@ -209,6 +205,7 @@ async def _run(
 
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)
+    metrics.reader_failures(lambda: reader.failures)
 
     server = MetricsServer(
         metrics,
@@ -227,7 +224,7 @@ async def _run(
         notifier.stopping()
         closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
-        store.close()
+        await asyncio.to_thread(store.close)  # the writes still queued are finished first
 
 
 def compose_daemon(
@@ -244,7 +241,6 @@ def compose_daemon(
     hooks: Sequence[BatchHook] = (),
     tasks: Sequence[Task] = (),
     sources: Sequence[OutcomeSource] = (),
-    drift: DriftLookup | None = None,
     wakers: Sequence[Callable[[], None]] = (),
     names: RealNames | None = None,
     reloaders: Sequence[PartReload] = (),
@@ -259,7 +255,6 @@ def compose_daemon(
         policy_state=store.load_unit_states(),
         observer=metrics.outcome,
         on_skip=lambda: metrics.entry_invalid("pipeline_error"),
-        drift=drift,
     )
     reader = reader or journal_reader(config, checkpoint, metrics)
     names = names or RealNames(None)
@@ -381,42 +376,6 @@ async def _listen(config: Config, server: MetricsServer, gates: GateServer) -> N
         )
 
 
-class DaemonLock:
-    """One daemon per state directory: a second one refuses to start, in one line.
-
-    Two daemons on one database would both act and both notify (every message twice).
-    """
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / LOCK_NAME
-        self._fd: int | None = None
-
-    def __enter__(self) -> DaemonLock:
-        try:
-            make_dirs(self.path.parent)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise StateError(f"{self.path}: cannot open the lock file: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
-            os.close(fd)
-            raise StateError(
-                f"{self.path.parent}: another vllm-supervisor (pid {holder}) already uses this "
-                "state directory; stop it first, or give this one its own --state-dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the lock
-            self._fd = None
-
-
 def _slack_reload(
     notify: Notifications, config: Config, control: SystemdClient | None
 ) -> SlackReload | None:
@@ -438,6 +397,7 @@ def _state_health(daemon: Daemon) -> HealthCheck:
     def check() -> tuple[bool, dict[str, Any]]:
         checkpointer = daemon.checkpointer
         pending = len(checkpointer.pending) + len(checkpointer.decisions)
+        pending += len(checkpointer.undecided)
         error = checkpointer.commit_error
         reasons = [f"{pending} classified invocations not yet committed"] if pending else []
         if error is not None:

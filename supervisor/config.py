@@ -28,6 +28,9 @@ DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
 WEBHOOK_ENV = "VLLM_SUPERVISOR_SLACK_WEBHOOK_URL"
 WEBHOOK_CREDENTIAL = "slack-webhook"
 
+# systemd's longest unit name (UNIT_NAME_MAX is 256 with the NUL); the reader child, which
+# takes the names on its stdin, refuses one over 4 KiB and would be restarted forever.
+UNIT_NAME_MAX = 255
 # systemd unit names: "name.type" with an optional "@instance" (systemd.unit(5)).
 _UNIT_NAME = re.compile(
     r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\."
@@ -101,7 +104,9 @@ class TrackerConfig:
     max_error_lines: int = 2000  # error-level lines and tracebacks kept in between
     # ... and all of them together (head 1/8, tail 3/8, error lines 1/2 of it): long lines then
     # keep fewer, so an invocation's memory is bounded in bytes, not only in lines.
-    max_invocation_bytes: int = 1 << 20
+    # 512 KiB: an open run of 16 KiB lines holds ~0.49 MB; the corpus's decisions are the same
+    # as with 1 MiB, and 8 ranks' longest real traceback fit whole after a flood.
+    max_invocation_bytes: int = 1 << 19
     max_line_chars: int = 16384  # a longer line is cut to this many characters
     max_open_invocations: int = 16  # per unit and host; the oldest open one is closed past this
     settle_s: float = 0.3  # after a unit ends, how long its late stdout lines are still awaited
@@ -299,6 +304,11 @@ def validate(config: Config) -> Config:
         if not _UNIT_NAME.match(name):
             raise ConfigError(
                 f"unit[{index}].name: {name!r} is not a systemd unit name (e.g. 'vllm.service')"
+            )
+        if len(name) > UNIT_NAME_MAX:
+            raise ConfigError(
+                f"unit[{index}].name: {name[:40]!r}... is longer than systemd's {UNIT_NAME_MAX}"
+                " characters"
             )
         if names.count(name) > 1:
             raise ConfigError(f"unit[{index}].name: {name!r} is listed twice")

@@ -4,11 +4,12 @@
 SIGHUP into `reload`), so tests embed it directly, on a real journal or on batches they hand it.
 
 Per batch of journal entries: the replay skips what was handled before a restart, the hooks
-note what they need, the pipeline tracks and decides (pure), and every decided outcome takes
-the one `record` path: noted with the position that covers it, committed (the cursor, the
-policy's memory and the action pending, supervisor.loop.checkpoint), and handed to its unit's
-lane, which enriches, acts and records what was taken (supervisor.loop.acting), beside the
-reading: one unit's slow systemd holds no other unit and no gate. The settler decides ended
+note what they need, the pipeline tracks and reads the lines of each invocation that ended, and
+every ended invocation takes the one `record` path: noted with the checkpoint that covers it,
+committed (the cursor and the invocation pending, supervisor.loop.checkpoint), and handed to its
+unit's lane, which gathers its evidence, decides (the one pure decide `triage` runs too), acts
+and records what was taken (supervisor.loop.acting), beside the reading: one unit's slow
+systemd or drift snapshot holds no other unit and no gate. The settler decides ended
 invocations the journal goes quiet after (supervisor.loop.settle), a hung engine or a server
 that exits under RemainAfterExit= is ended here and recorded the same way, the gates are
 answered by supervisor.loop.gates, and a reload is read by supervisor.loop.reload and applied
@@ -35,13 +36,14 @@ from .config import Config, restart_only_changes
 from .errors import StateError
 from .journal.writer import local_boot_id, local_machine_id
 from .loop.acting import Acting, Job, LoopState, report_status
-from .loop.checkpoint import Checkpointer, Position
+from .loop.checkpoint import Checkpointer
 from .loop.gates import GateService
 from .loop.reload import Reloader
 from .loop.replay import Replay
 from .loop.settle import Settler
-from .model import Invocation, JournalEntry, Outcome
+from .model import Ended, Invocation, JournalEntry, Outcome
 from .pipeline import Pipeline, SuppressionNotice
+from .records import Pending
 from .seams import BatchHook, JournalSource, Notifying, OutcomeSource, StatusReporter, Task
 from .store import Checkpoint, Store
 from .telemetry.looplag import LoopLag
@@ -113,6 +115,7 @@ class Daemon:
         self.machine_id = supervised_machine_id(config)
         self.boot_id = local_boot_id()
         self._acting = Acting(
+            pipeline=self.pipeline,
             actor=actor,
             hooks=self.hooks,
             checkpointer=self.checkpointer,
@@ -193,7 +196,7 @@ class Daemon:
                 task.cancel(f"shutdown: still running after {self.shutdown_grace_s}s")
 
     async def _resume_pending(self) -> None:
-        """Carry out the actions a previous run decided and did not take (it died between)."""
+        """Decide and carry out what a previous run left pending (it died between)."""
         try:
             outcomes, unreadable = await asyncio.to_thread(self.store.pending_actions)
         except StateError as exc:
@@ -205,14 +208,14 @@ class Daemon:
                 record=record,
                 action="left in the state database; it is not carried out",
             )
-        for outcome in outcomes:
+        for pending in outcomes:
             log.info(
                 "pending_action_resumed",
-                unit=outcome.invocation.unit,
-                invocation_id=outcome.invocation.invocation_id,
-                action=outcome.decision.action.value,
+                unit=pending.invocation.unit,
+                invocation_id=pending.invocation.invocation_id,
+                action="decide" if isinstance(pending, Ended) else pending.decision.action.value,
             )
-            self._hand_over(outcome)
+            self._hand_over(pending)
 
     async def _follow(self, stop: asyncio.Event) -> None:
         async for batch in self.reader.batches(stop):
@@ -242,34 +245,34 @@ class Daemon:
         self._gates.progressed()
         return recorded
 
-    def record(self, outcomes: list[Outcome]) -> list[asyncio.Future[Outcome]]:
-        """The one path of every decided outcome: noted with the position that covers it (to
-        be committed), then handed to its unit's lane to be acted on and recorded as taken.
+    def record(self, ended: list[Ended]) -> list[asyncio.Future[Outcome]]:
+        """The one path of every ended invocation: noted with the checkpoint that covers it
+        (to be committed), then handed to its unit's lane to be decided, acted on and recorded
+        as taken.
 
-        Synchronous: nothing runs between the decision and the note, so no commit saves a
-        cursor past a decision it does not hold, and a gate that finds the run decided finds
-        its action in the lane."""
-        self.checkpointer.decided(outcomes, self._position())
-        return [self._hand_over(outcome) for outcome in outcomes]
+        Synchronous: nothing runs between the end and the note, so no commit saves a cursor
+        past an ended invocation it does not hold, and a gate that finds the run ended finds
+        it in the lane."""
+        self.checkpointer.ended(ended, self._checkpoint())
+        return [self._hand_over(one) for one in ended]
 
-    async def _decided(self, outcomes: list[Outcome]) -> None:
-        """Outcomes decided outside a batch (settled, hung, remaining): recorded, committed."""
-        if self.record(outcomes):
+    async def _decided(self, ended: list[Ended]) -> None:
+        """Invocations ended outside a batch (settled, hung, remaining): recorded, committed."""
+        if self.record(ended):
             await self.checkpointer.commit()
         self._gates.progressed()
 
-    def _position(self) -> Position | None:
-        """Where reading resumes now, and the policy's memory; None while the journal is read
-        again up to the saved cursor (that cursor still stands)."""
+    def _checkpoint(self) -> Checkpoint | None:
+        """Where reading resumes now; None while the journal is read again up to the saved
+        cursor (that cursor still stands)."""
         if self._replay.active:
             return None
-        checkpoint = Checkpoint(cursor=self.reader.cursor, replay_from=self.pipeline.replay_from())
-        return Position(checkpoint=checkpoint, memory=self.pipeline.memory())
+        return Checkpoint(cursor=self.reader.cursor, replay_from=self.pipeline.replay_from())
 
-    def _hand_over(self, outcome: Outcome) -> asyncio.Future[Outcome]:
+    def _hand_over(self, pending: Pending) -> asyncio.Future[Outcome]:
         recorded = asyncio.get_running_loop().create_future()
         self.lanes.submit(
-            outcome.invocation.unit or "", Job(outcome, self._here(outcome.invocation), recorded)
+            pending.invocation.unit or "", Job(pending, self._here(pending.invocation), recorded)
         )
         return recorded
 
@@ -301,9 +304,7 @@ class Daemon:
                 action="noted in history; decisions already made stand",
             )
             try:
-                await asyncio.to_thread(
-                    self.store.add_note, notice.unit, notice.invocation_ids, note
-                )
+                await self.store.aadd_note(notice.unit, notice.invocation_ids, note)
             except StateError as exc:
                 log.error("history_note_failed", unit=notice.unit, error=str(exc))
 
@@ -344,10 +345,10 @@ class Daemon:
         await self.reader.sync(self.config.tracker.settle_s)
         if not self.is_open(unit, state.invocation_id or None):
             return
-        outcome = self.pipeline.close_remaining(unit, self.machine_id, state.invocation_id or None)
-        if outcome is not None:
+        ended = self.pipeline.close_remaining(unit, self.machine_id, state.invocation_id or None)
+        if ended is not None:
             log.warning("server_exited_unit_remains", unit=unit, action="decided as ended")
-            await self._decided([outcome])
+            await self._decided([ended])
 
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
@@ -372,13 +373,14 @@ class Daemon:
         recorded."""
         if not self.is_open(unit, invocation_id):  # it ended while the hang was confirmed
             return None
-        outcome = self.pipeline.close_hung(unit, host, invocation_id)
-        if outcome is None:
+        ended = self.pipeline.close_hung(unit, host, invocation_id)
+        if ended is None:
             return None
-        self.metrics.engine_hung(unit, outcome.decision.action)
-        (recorded,) = self.record([outcome])
+        (recorded,) = self.record([ended])
         await self.checkpointer.commit()
-        return await recorded
+        outcome = await recorded
+        self.metrics.engine_hung(unit, outcome.decision.action)
+        return outcome
 
     async def _announce_ready(self, stop: asyncio.Event) -> None:
         await first_of(self.reader.following.wait(), stop.wait())

@@ -6,9 +6,6 @@ which says 0, takes it as a no-op); each later step changes what the one before 
 still to apply run in one transaction with the new number, so an upgrade cut short leaves the
 old schema and its data as they were. A database from a newer release (a higher number) is
 refused: this release would misread it.
-
-The environment log (supervisor.environment.log) still creates its own table; it has never
-changed shape.
 """
 
 from __future__ import annotations
@@ -76,9 +73,10 @@ INSERT INTO incident (sink, unit, identity) SELECT 'alertmanager', unit, labels 
 DROP TABLE alert_firing;
 """
 
-# 3: an action decided in a batch and not yet carried out, the outcome as supervisor.records
-# writes it (the daemon carries it out at its next start). `IF NOT EXISTS`: a database of the
-# one build that made this table before the schema had versions says 1 or 0 and has it.
+# 3: an invocation ended and not yet decided, or an action decided and not yet carried out, as
+# supervisor.records writes them (the daemon decides or carries it out at its next start).
+# `IF NOT EXISTS`: a database of the one build that made this table before the schema had
+# versions says 1 or 0 and has it.
 _V3 = """
 CREATE TABLE IF NOT EXISTS pending_action (
     id INTEGER PRIMARY KEY,
@@ -89,7 +87,21 @@ CREATE TABLE IF NOT EXISTS pending_action (
 );
 """
 
-STEPS: tuple[str, ...] = (_V1, _V2, _V3)
+# 4: the environment log (supervisor.environment.log), which made its own table before; a
+# database that has it (any the daemon ran on) keeps it and its rows as they are.
+_V4 = """
+CREATE TABLE IF NOT EXISTS environment_log (
+    unit TEXT NOT NULL,
+    invocation_id TEXT NOT NULL,
+    started REAL NOT NULL,
+    snapshot TEXT NOT NULL,
+    good INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (unit, invocation_id)
+);
+CREATE INDEX IF NOT EXISTS environment_log_unit_started ON environment_log (unit, started);
+"""
+
+STEPS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 VERSION = len(STEPS)
 
 

@@ -38,6 +38,23 @@ class Severity(StrEnum):
     UNKNOWN = "unknown"  # no signature matched
 
 
+class Basis(StrEnum):
+    """What a verdict's severity rests on (its JSON value is the member's)."""
+
+    SIGNATURE = "signature"  # the table
+    INFERRED = "inferred"  # the exception and the phase (supervisor.classify.determinism)
+    REPEATED = "repeated"  # the policy: the same crash again
+    UNKNOWN = "unknown"
+
+
+class Confidence(StrEnum):
+    """How sure the root-cause line is."""
+
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
 class Action(StrEnum):
     """What the policy decided to do about an ended invocation."""
 
@@ -184,7 +201,7 @@ class Invocation:
     @property
     def failed(self) -> bool:
         """True when systemd itself saw a failure (non-zero exit, signal, OOM, failed result)."""
-        if self.ending in (Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT):
+        if not ENDINGS[self.ending].can_fail:
             return False
         if self.oom_killed or self.hung:
             return True
@@ -213,11 +230,8 @@ class Verdict:
     notes: tuple[str, ...] = ()
     # The root cause was logged while serving, long before the end (context, not proof).
     from_context: bool = False
-    # What the severity rests on: "signature" (the table), "inferred" (the exception and the
-    # phase, supervisor.classify.determinism), "repeated" (the policy: the same crash again),
-    # "unknown".
-    basis: str | None = None
-    confidence: str | None = None  # how sure the root-cause line is: high, medium, low
+    basis: Basis | None = None  # what the severity rests on
+    confidence: Confidence | None = None  # how sure the root-cause line is
     severity_reason: str | None = None  # one line a person can check
     phase_hint: str | None = None  # "startup" or "serving", from the traceback's frames
     # An unknown crash: the side its evidence leans to, too weak to settle it (determinism.
@@ -236,8 +250,8 @@ class Verdict:
             "remediation": self.remediation,
             "fingerprint": self.fingerprint,
             "notes": list(self.notes),
-            "basis": self.basis,
-            "confidence": self.confidence,
+            "basis": None if self.basis is None else self.basis.value,
+            "confidence": None if self.confidence is None else self.confidence.value,
             "severity_reason": self.severity_reason,
         }
 
@@ -278,6 +292,173 @@ HALT_RULES = (
     Rule.PORT_HELD,
     Rule.OTHER,
 )
+
+
+class News(StrEnum):
+    """Whether an ending is worth a message (supervisor.notify.decision)."""
+
+    ALWAYS = "always"
+    NEVER = "never"
+    IF_CRASHED = "if-crashed"  # when systemd saw a failure or the lines show a crash
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Meaning:
+    """What an ending says, whatever the lines say: the one table every stage reads."""
+
+    ran: bool = True  # the server ran: its lines are read for a crash (supervisor.classify)
+    can_fail: bool = True  # systemd's failure counts as one (`Invocation.failed`)
+    # Not a crash: the policy observes it, by this rule and reason (supervisor.decide.policy).
+    not_a_crash: tuple[Rule, str] | None = None
+    resets_streak: bool = False  # a person, or a reboot, stepped in: repeats start afresh
+    news: News = News.IF_CRASHED
+
+
+ENDINGS: Mapping[Ending, Meaning] = MappingProxyType(
+    {
+        Ending.EXITED: Meaning(),
+        Ending.HUNG: Meaning(),
+        Ending.UNSEEN: Meaning(),
+        Ending.SKIPPED: Meaning(
+            ran=False,
+            can_fail=False,
+            not_a_crash=(Rule.SKIPPED, "start skipped by its ExecCondition gate"),
+            news=News.NEVER,
+        ),
+        Ending.GATE_STOPPED: Meaning(
+            ran=False,
+            can_fail=False,
+            not_a_crash=(Rule.GATE_STOPPED, "stopped while its ExecCondition gate ran"),
+            news=News.NEVER,
+        ),
+        Ending.START_LIMIT: Meaning(
+            ran=False,
+            not_a_crash=(
+                Rule.START_LIMIT,
+                "systemd gave up restarting the unit (start-limit-hit)",
+            ),
+            news=News.ALWAYS,
+        ),
+        Ending.BOOT: Meaning(
+            can_fail=False,
+            not_a_crash=(
+                Rule.BOOT,
+                "ended with the boot: the host went down before the unit ended",
+            ),
+            resets_streak=True,
+            news=News.NEVER,
+        ),
+        Ending.STOPPED: Meaning(
+            not_a_crash=(
+                Rule.OPERATOR_STOP,
+                "ended by a stop, restart or kill request (a person or a tool), not a crash",
+            ),
+            resets_streak=True,
+            news=News.NEVER,
+        ),
+        Ending.OPEN: Meaning(
+            not_a_crash=(Rule.STILL_RUNNING, "still running at the end of the journal"),
+            news=News.NEVER,
+        ),
+    }
+)
+
+
+def served_by(*, serving_seen: bool, ran_s: float | None, good_start_s: float) -> bool:
+    """The one rule of "it served": it logged that it serves (a serving line, requests
+    handled), or it ran at least `good_start_s`. A good start for drift, the phase of a crash."""
+    return serving_seen or (ran_s is not None and ran_s >= good_start_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """How far the invocation got before it ended."""
+
+    served: bool
+    ran_s: float | None = None  # from its first entry to its end
+    serving_s: float | None = None  # from its first serving line to its end, when known
+    start_seen: bool = True  # False: read from the journal's middle, its start unknown
+
+    def describe(self) -> str:
+        """In words: before the server ever served, or after serving for how long."""
+        if not self.served:
+            return "before the server ever served"
+        if self.serving_s is not None:
+            return f"after serving for {_duration(self.serving_s)}"
+        return "after serving"
+
+
+def phase_of(invocation: Invocation, good_start_s: float, hint: str | None = None) -> Phase:
+    """Served (`served_by`), or, with nothing in the journal either way, the crash's frames
+    are request handling (`hint`, the classifier's reading of them)."""
+    ran = invocation.ran_s
+    serving_s = None
+    if invocation.served_us is not None and invocation.ended_us is not None:
+        serving_s = max(0.0, (invocation.ended_us - invocation.served_us) / 1e6)
+    served = served_by(serving_seen=invocation.served, ran_s=ran, good_start_s=good_start_s)
+    if not served and hint == "serving":
+        served = True
+    return Phase(served=served, ran_s=ran, serving_s=serving_s, start_seen=invocation.start_seen)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    if minutes < 1:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+@dataclass(frozen=True, slots=True)
+class CauseFacts:
+    """What the root cause's line and traceback say beside its text, for determinism.assess."""
+
+    # The text whose wording counts: the cause a wrapper carries; None: the verdict's own.
+    words: str | None = None
+    # The class it names: its exception line, a carried cause's, or a raise statement's.
+    exception: str | None = None
+    frame: str | None = None  # the innermost frame of its traceback: where it was raised
+    raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
+    pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
+    guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count
+
+
+NO_FACTS = CauseFacts()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ended:
+    """An ended invocation as its lines read, not yet decided: the classifier's reading (a
+    verdict before the phase and the evidence are weighed) and the facts of its cause."""
+
+    invocation: Invocation
+    reading: Verdict
+    facts: CauseFacts = NO_FACTS
+    examined_s: float = 0.0  # how long reading the lines took (the classification metric)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PortHeld:
+    """Who holds the port a port-in-use crash could not bind, now (supervisor.decide.
+    port_evidence): named, and whether it outlives the unit's restarts."""
+
+    port: int
+    holders: str | None  # named for a person; None: no other process holds it now
+    before_start: bool = False  # a holder's process started before the crashed invocation
+    outlives: bool = False  # before the start, or the same socket held it at the last crash
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """What is known of an ended invocation beside its lines, gathered before it is decided
+    (the hooks fill it: supervisor.seams.BatchHook.evidence); `decide` reads nothing else."""
+
+    phase: Phase
+    # What changed in the unit's environment since its last good start
+    # (supervisor.environment.drift).
+    drift: tuple[str, ...] = ()
+    port: PortHeld | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,32 +1,47 @@
-"""source -> tracker -> classifier -> policy, composed once.
+"""source -> tracker -> classifier -> (evidence) -> decide, composed once.
 
-The live daemon adds actions and signals around this; `triage` adds printing. Both call the same
-`Pipeline.feed`, so what `triage` prints is exactly what the daemon would have decided.
+`feed` tracks entries and reads the lines of each invocation that ended (`Ended`); the evidence
+of each (its phase here, then what the hooks add: the drift, the port's holder) fills one
+`Evidence` record; `decide` makes the verdict and the decision from the two, once, and nothing
+rewrites them after. The live daemon gathers the evidence in the unit's lane and acts around
+this; `triage` gathers the drift the daemon recorded and prints. Both call the same `decide`, so
+what `triage` prints is what the daemon decides on the same evidence.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
 
 from .classify.classifier import Classifier
-from .classify.determinism import judge, phase_of
+from .classify.determinism import verdict_of
 from .classify.signatures import SignatureTable
 from .config import Config
 from .decide.policy import RestartPolicy
-from .model import Ending, Invocation, JournalEntry, Outcome, Severity, Verdict
+from .decide.port_evidence import port_verdict
+from .model import (
+    NO_FACTS,
+    Ended,
+    Ending,
+    Evidence,
+    Invocation,
+    JournalEntry,
+    Outcome,
+    Severity,
+    Verdict,
+    phase_of,
+)
 from .track.tracker import InvocationTracker
 from .track.tracker import SuppressionNotice as SuppressionNotice  # what take_notices returns
 
 Observer = Callable[[Outcome, float], None]
 """Called with each outcome and the seconds its classification took."""
 
-DriftLookup = Callable[[str, str], list[str]]
-"""What changed in a unit's environment since its last good start, for an invocation."""
+Provider = Callable[[Ended, Evidence], Evidence]
+"""Adds what it knows to an ended invocation's evidence, at once (triage's recorded drift)."""
 
 log = structlog.get_logger(__name__)
 
@@ -42,17 +57,12 @@ class Pipeline:
         policy_state: dict[str, dict[str, Any]] | None = None,
         observer: Observer | None = None,
         clock: Callable[[], float] = time.perf_counter,
-        drift: DriftLookup | None = None,
         on_skip: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.tracker = InvocationTracker(config.tracker)
         self.policy = RestartPolicy(policy_state)
         self._observer = observer or (lambda outcome, seconds: None)
-        # Set by supervisor.environment.drift when the daemon records environments: a crash
-        # no signature knows, right after the environment changed, is inferred fatal
-        # (determinism.assess).
-        self.drift = drift
         self._clock = clock
         self._classifiers: dict[str | None, Classifier] = {}
         self.table = table
@@ -68,27 +78,27 @@ class Pipeline:
             self._units = frozenset(u.name for u in config.units)
         self._classifiers.clear()
 
-    def feed(self, entries: Iterable[JournalEntry]) -> list[Outcome]:
-        """Track a batch of entries; return the outcome of every invocation that ended.
+    def feed(self, entries: Iterable[JournalEntry]) -> list[Ended]:
+        """Track a batch of entries; every invocation that ended, its lines read.
 
-        Total by construction (the tracker, classifier and policy never raise on content); as
-        a last guard an entry whose handling raises anyway is logged with its cursor, counted
-        in `skipped_entries` and skipped: journal content never stops supervision.
+        Total by construction (the tracker and classifier never raise on content); as a last
+        guard an entry whose handling raises anyway is logged with its cursor, counted in
+        `skipped_entries` and skipped: journal content never stops supervision.
         """
-        outcomes: list[Outcome] = []
+        ended: list[Ended] = []
         units = self._units
         feed = self.tracker.feed
         for entry in entries:
             if units and entry.unit not in units:
                 continue
             try:
-                ended = feed(entry)
+                invocations = feed(entry)
             except Exception as exc:
                 self._skipped(entry, exc)
                 continue
-            for invocation in ended:
-                outcomes.append(self.decide(invocation))
-        return outcomes
+            for invocation in invocations:
+                ended.append(self.examine(invocation))
+        return ended
 
     def replay(self, entry: JournalEntry) -> None:
         """Track an entry read again after a restart, up to the saved cursor: it only rebuilds
@@ -111,40 +121,39 @@ class Pipeline:
             action="this entry was skipped; supervision goes on",
         )
 
-    def flush_due(self, now_us: int) -> list[Outcome]:
-        """Decide the ended invocations whose late-line window has passed by journal time."""
-        return [self.decide(inv) for inv in self.tracker.flush_due(now_us)]
+    def flush_due(self, now_us: int) -> list[Ended]:
+        """The ended invocations whose late-line window has passed by journal time."""
+        return [self.examine(inv) for inv in self.tracker.flush_due(now_us)]
 
-    def flush_quiet(self) -> list[Outcome]:
-        """Decide the ended invocations whose late-line window has passed (a quiet journal)."""
-        return [self.decide(inv) for inv in self.tracker.flush_quiet()]
+    def flush_quiet(self) -> list[Ended]:
+        """The ended invocations whose late-line window has passed (a quiet journal)."""
+        return [self.examine(inv) for inv in self.tracker.flush_quiet()]
 
-    def flush_drained(self, host: str, read_before: float) -> list[Outcome]:
-        """Decide `host`'s ended invocations whose late lines are known to be read (the daemon
-        asked journald's streams and the reader; see InvocationTracker.flush_drained)."""
-        return [self.decide(inv) for inv in self.tracker.flush_drained(host, read_before)]
+    def flush_drained(self, host: str, read_before: float) -> list[Ended]:
+        """`host`'s ended invocations whose late lines are known to be read (the daemon asked
+        journald's streams and the reader; see InvocationTracker.flush_drained)."""
+        return [self.examine(inv) for inv in self.tracker.flush_drained(host, read_before)]
 
-    def close_hung(self, unit: str, host: str | None, invocation_id: str | None) -> Outcome | None:
-        """End the open invocation as hung (its engine died, the unit stays up) and decide it;
-        None when it is not open."""
+    def close_hung(self, unit: str, host: str | None, invocation_id: str | None) -> Ended | None:
+        """End the open invocation as hung (its engine died, the unit stays up); None when it
+        is not open."""
         invocation = self.tracker.close(unit, host, invocation_id, Ending.HUNG)
-        return None if invocation is None else self.decide(invocation)
+        return None if invocation is None else self.examine(invocation)
 
     def close_remaining(
         self, unit: str, host: str | None, invocation_id: str | None
-    ) -> Outcome | None:
+    ) -> Ended | None:
         """End the open invocation whose server exited while the unit stays active
-        (RemainAfterExit=yes: nothing in the journal ends it) and decide it; None when it is
-        not open."""
-        invocation = self.tracker.close(unit, host, invocation_id, Ending.EXITED)
-        if invocation is None:
-            return None
-        invocation = dataclasses.replace(
-            invocation,
+        (RemainAfterExit=yes: nothing in the journal ends it); None when it is not open."""
+        invocation = self.tracker.close(
+            unit,
+            host,
+            invocation_id,
+            Ending.EXITED,
             end_message="its main process exited; the unit stays active (exited) "
             "under RemainAfterExit=yes",
         )
-        return self.decide(invocation)
+        return None if invocation is None else self.examine(invocation)
 
     def next_deadline(self) -> float | None:
         """When the next ended invocation's late-line window ends (monotonic); None if none."""
@@ -186,64 +195,90 @@ class Pipeline:
         """Drop what the policy remembers of `unit` (after `release`)."""
         self.policy.forget(unit)
 
-    def finish(self) -> list[Outcome]:
-        """End every open invocation (the end of a saved journal) and decide about each."""
-        return [self.decide(inv) for inv in self.tracker.close_all()]
+    def finish(self) -> list[Ended]:
+        """End every open invocation (the end of a saved journal)."""
+        return [self.examine(inv) for inv in self.tracker.close_all()]
 
-    def decide(self, invocation: Invocation) -> Outcome:
-        """Classify one ended invocation and apply the policy."""
+    def examine(self, invocation: Invocation) -> Ended:
+        """Read an ended invocation's lines (the classifier); a reading that raises is logged,
+        counted, and becomes an unclassified crash."""
         started = self._clock()
-        unit = self.config.unit(invocation.unit) if invocation.unit else None
-        drift = self._drift_of(invocation)
-        good_start_s = self.config.drift.good_start_s
         try:
-            classifier = self._classifier(invocation.unit)
-            verdict, phase = judge(classifier, invocation, good_start_s, drift)
+            reading, facts = self._classifier(invocation.unit).examine(invocation)
         except Exception as exc:
-            self.skipped_entries += 1
-            self._on_skip()
-            log.error(
-                "classification_failed",
-                unit=invocation.unit,
-                invocation_id=invocation.invocation_id,
-                cursor=invocation.last_cursor,
-                error=f"{type(exc).__name__}: {exc}",
+            self._unclassified(invocation, exc)
+            reading, facts = _unclassified(invocation, exc), NO_FACTS
+        return Ended(
+            invocation=invocation, reading=reading, facts=facts, examined_s=self._clock() - started
+        )
+
+    def evidence(self, ended: Ended) -> Evidence:
+        """The evidence record of an ended invocation, its phase filled in (the hooks add
+        theirs: supervisor.seams.BatchHook.evidence)."""
+        good_start_s = self.config.drift.good_start_s
+        return Evidence(phase=phase_of(ended.invocation, good_start_s, ended.reading.phase_hint))
+
+    def decide(self, ended: Ended, evidence: Evidence) -> Outcome:
+        """The verdict and the decision of an ended invocation, from its reading and the
+        evidence gathered before: the one decision, for the daemon and for `triage`. Pure but
+        for the policy's memory of the unit's streak, which it updates."""
+        started = self._clock()
+        invocation = ended.invocation
+        unit = self.config.unit(invocation.unit) if invocation.unit else None
+        halt_inferred = unit.halt_inferred if unit else True
+        try:
+            verdict = verdict_of(
+                self._classifier(invocation.unit),
+                ended.reading,
+                ended.facts,
+                invocation,
+                evidence.phase,
+                evidence.drift,
             )
-            verdict = Verdict(
-                signature=None,
-                severity=Severity.UNKNOWN,
-                title="Unclassified crash",
-                root_cause=None,
-                crashed=invocation.failed,
-                notes=(f"classification failed: {type(exc).__name__}",),
-            )
-            phase = phase_of(invocation, good_start_s)
+        except Exception as exc:
+            self._unclassified(invocation, exc)
+            verdict = _unclassified(invocation, exc)
+        verdict = port_verdict(
+            verdict, evidence.port, invocation.unit or "", halt_inferred=halt_inferred
+        )
         decision = self.policy.decide(
             invocation,
             verdict,
-            phase,
+            evidence,
             unknown_repeat_limit=unit.unknown_repeat_limit if unit else 3,
-            halt_inferred=unit.halt_inferred if unit else True,
+            halt_inferred=halt_inferred,
             repeat_window_s=unit.repeat_window_s if unit else 120.0,
             dry_run=self.config.is_dry_run(invocation.unit) if invocation.unit else False,
         )
         outcome = Outcome(
-            invocation=invocation, verdict=verdict, decision=decision, drift=tuple(drift)
+            invocation=invocation, verdict=verdict, decision=decision, drift=evidence.drift
         )
-        self._observer(outcome, self._clock() - started)
+        self._observer(outcome, ended.examined_s + self._clock() - started)
         return outcome
 
-    def _drift_of(self, invocation: Invocation) -> list[str]:
-        """The environment's changes since the unit's last good start (none without a log)."""
-        if self.drift is None or invocation.unit is None or invocation.invocation_id is None:
-            return []
-        if not invocation.failed:
-            return []
-        try:
-            return self.drift(invocation.unit, invocation.invocation_id)
-        except Exception as exc:
-            log.warning("drift_lookup_failed", unit=invocation.unit, error=str(exc))
-            return []
+    def decide_all(
+        self, ended: Iterable[Ended], providers: Sequence[Provider] = ()
+    ) -> list[Outcome]:
+        """Each ended invocation decided on its evidence: its phase, then what `providers`
+        add at once (`triage`: the drift the daemon recorded)."""
+        outcomes = []
+        for one in ended:
+            evidence = self.evidence(one)
+            for provide in providers:
+                evidence = provide(one, evidence)
+            outcomes.append(self.decide(one, evidence))
+        return outcomes
+
+    def _unclassified(self, invocation: Invocation, exc: Exception) -> None:
+        self.skipped_entries += 1
+        self._on_skip()
+        log.error(
+            "classification_failed",
+            unit=invocation.unit,
+            invocation_id=invocation.invocation_id,
+            cursor=invocation.last_cursor,
+            error=f"{type(exc).__name__}: {exc}",
+        )
 
     def _classifier(self, unit: str | None) -> Classifier:
         classifier = self._classifiers.get(unit)
@@ -255,3 +290,15 @@ class Pipeline:
             )
             self._classifiers[unit] = classifier
         return classifier
+
+
+def _unclassified(invocation: Invocation, exc: Exception) -> Verdict:
+    """The verdict of an invocation whose lines could not be read (a bug, logged)."""
+    return Verdict(
+        signature=None,
+        severity=Severity.UNKNOWN,
+        title="Unclassified crash",
+        root_cause=None,
+        crashed=invocation.failed,
+        notes=(f"classification failed: {type(exc).__name__}",),
+    )

@@ -1,11 +1,14 @@
-"""An outcome as a JSON record and back, for an action decided but not yet taken.
+"""An ended invocation not yet decided, or an outcome decided and not yet acted on, as a JSON
+record and back.
 
-The batch that decides an invocation commits its outcome with its cursor; the action is carried
-out after, off the batch (supervisor.actions.lanes). A supervisor that dies in between finds the
-record at its next start and carries the action out then. `Outcome.to_json` is the history's
-contract and loses what the actor reads (the host and boot, the restart counters, the enum
-members); this record keeps every field but the invocation's kept lines, which only the
-classifier reads, and it has run.
+The batch that ends an invocation commits its reading (`Ended`: the classifier's reading and the
+facts of its cause) with its cursor; the unit's lane gathers the evidence, decides (the record
+becomes the outcome's) and carries the action out, off the batch (supervisor.actions.lanes). A
+supervisor that dies in between finds the record at its next start and goes on from there: an
+ended one is decided then, a decided one (also every record of earlier versions) acted on.
+`Outcome.to_json` is the history's contract and loses what the actor reads (the host and boot,
+the restart counters, the enum members); these records keep every field but the invocation's
+kept lines, which only the classifier reads, and it has run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,24 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from .model import Action, Decision, Ending, Invocation, Outcome, Rule, Severity, Taken, Verdict
+from .model import (
+    Action,
+    Basis,
+    CauseFacts,
+    Confidence,
+    Decision,
+    Ended,
+    Ending,
+    Invocation,
+    Outcome,
+    Rule,
+    Severity,
+    Taken,
+    Verdict,
+)
+
+Pending = Ended | Outcome
+"""A pending record: ended and to be decided, or decided and to be acted on."""
 
 
 def outcome_record(outcome: Outcome) -> dict[str, Any]:
@@ -31,24 +51,34 @@ def outcome_record(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def ended_record(ended: Ended) -> dict[str, Any]:
+    """`ended` as JSON-ready data (`pending_from_record` reads it back)."""
+    return {
+        "invocation": _fields(ended.invocation, skip=("lines",)),
+        "reading": _fields(ended.reading),
+        "facts": _fields(ended.facts),
+    }
+
+
+def pending_from_record(record: Mapping[str, Any]) -> Pending:
+    """The ended invocation or the outcome a record holds (a record with a decision is an
+    outcome, as every record of earlier versions is). Raises as `outcome_from_record`."""
+    if "decision" in record:
+        return outcome_from_record(record)
+    facts = dict(record.get("facts") or {})
+    return Ended(
+        invocation=_invocation(dict(record["invocation"])),
+        reading=_verdict(dict(record["reading"])),
+        facts=CauseFacts(**_known(CauseFacts, facts)),
+    )
+
+
 def outcome_from_record(record: Mapping[str, Any]) -> Outcome:
     """The outcome `outcome_record` wrote; keys it does not know are ignored. Raises ValueError
     (or KeyError, TypeError) on a record that is not one."""
-    raw_inv, raw_verdict = dict(record["invocation"]), dict(record["verdict"])
+    invocation = _invocation(dict(record["invocation"]))
+    verdict = _verdict(dict(record["verdict"]))
     raw_decision = dict(record["decision"])
-    invocation = Invocation(
-        **_known(Invocation, raw_inv, skip=("lines",)),
-        lines=(),
-        ending=Ending(raw_inv.get("ending", Ending.EXITED.value)),
-    )
-    leaning = raw_verdict.get("leaning")
-    verdict = Verdict(
-        **_known(Verdict, raw_verdict),
-        severity=Severity(raw_verdict["severity"]),
-        captures={str(k): str(v) for k, v in dict(raw_verdict.get("captures") or {}).items()},
-        notes=tuple(str(n) for n in raw_verdict.get("notes") or ()),
-        leaning=None if leaning is None else Severity(leaning),
-    )
     decision = Decision(
         action=Action(raw_decision["action"]),
         reason=str(raw_decision["reason"]),
@@ -66,8 +96,31 @@ def outcome_from_record(record: Mapping[str, Any]) -> Outcome:
     )
 
 
+def _invocation(raw: Mapping[str, Any]) -> Invocation:
+    return Invocation(
+        **_known(Invocation, raw, skip=("lines",)),
+        lines=(),
+        ending=Ending(raw.get("ending", Ending.EXITED.value)),
+    )
+
+
+def _verdict(raw: Mapping[str, Any]) -> Verdict:
+    leaning, basis, confidence = raw.get("leaning"), raw.get("basis"), raw.get("confidence")
+    return Verdict(
+        **_known(Verdict, raw),
+        severity=Severity(raw["severity"]),
+        captures={str(k): str(v) for k, v in dict(raw.get("captures") or {}).items()},
+        notes=tuple(str(n) for n in raw.get("notes") or ()),
+        leaning=None if leaning is None else Severity(leaning),
+        basis=None if basis is None else Basis(basis),
+        confidence=None if confidence is None else Confidence(confidence),
+    )
+
+
 # Fields given explicitly above (enums, mappings, tuples): never copied as they are.
-_CONVERTED = frozenset({"ending", "severity", "captures", "notes", "leaning"})
+_CONVERTED = frozenset(
+    {"ending", "severity", "captures", "notes", "leaning", "basis", "confidence"}
+)
 
 
 def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 `app.run_daemon` composes the daemon from parts built beforehand (structlog's
 `configure(processors=[...])` is the model): the journal source, hooks that see every batch
-and every outcome (drift, the port holder, the hang watcher), tasks that run beside it (the
-drift recorder, the watchdog), sources that find ended invocations the journal never reports
+and give evidence for every ended invocation before it is decided (drift, the port holder,
+the hang watcher), tasks that run beside it (the drift recorder, the watchdog), sources that
+find ended invocations the journal never reports
 (a hung engine), the actor, the notifier. No part reaches into the daemon: a source is handed
 `Supervision`, the narrow face of the daemon it needs, when it runs.
 """
@@ -15,11 +16,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Protocol
 
 from .config import Config
-from .model import JournalEntry, Outcome, UnitState
+from .model import Ended, Evidence, JournalEntry, Outcome, UnitState
 from .store import Writer
 
-# What changed in a unit's environment since its last good start, by (unit, invocation id).
-DriftLookup = Callable[[str, str], list[str]]
 # Runs beside the daemon until its event is set (the drift recorder, the watchdog).
 Task = Callable[[asyncio.Event], Coroutine[None, None, None]]
 
@@ -59,16 +58,18 @@ class JournalSource(Protocol):
 
 
 class BatchHook(Protocol):
-    """Sees each batch before the pipeline and each outcome before it is acted on.
+    """Sees each batch before the pipeline, and provides evidence for each ended invocation
+    before it is decided.
 
-    `entries` is synchronous and pure (it may drop entries and note what it saw); `outcome` may
-    await briefly to enrich an outcome (supervisor.decide.port_evidence,
-    supervisor.environment.drift); `reconfigure` takes a reloaded config.
+    `entries` is synchronous and pure (it may drop entries and note what it saw); `evidence`
+    may await briefly (in the unit's lane, off the batch) to add what it knows to the one
+    evidence record the decision reads (the port's holder: supervisor.decide.port_evidence;
+    the drift: supervisor.environment.drift); `reconfigure` takes a reloaded config.
     """
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]: ...
 
-    async def outcome(self, outcome: Outcome) -> Outcome: ...
+    async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence: ...
 
     def reconfigure(self, config: Config) -> None: ...
 

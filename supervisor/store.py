@@ -1,56 +1,54 @@
 """The state database (SQLite): journal checkpoint, policy state, crash history, outbox.
 
-Its schema is versioned (supervisor.migrations): opening a database upgrades it.
+Its schema is versioned (supervisor.migrations): opening a database upgrades it. One writer
+owns it (supervisor.state.writer): every write is a unit of work run as one transaction in the
+writer's thread, awaited by the loop (`acommit_batch`, `write`) or, off the loop, waited for
+(`commit_batch`, `write_blocking`). Reads use a second connection (supervisor.state.reader).
+Each table has one repository, registered with the writer (`register`).
 
-Everything one handled batch changes is committed in **one transaction**: the new cursor, the
-invocations it decided (each an action pending) and the policy's per-unit memory. A crash of the
-supervisor at any point therefore either keeps all of a batch or none of it, and the batch is
-read again from the previous cursor: every entry is handled exactly once. An action is carried
-out after its batch; what it did (`taken`) is committed with the invocation's history and the
-notifications it queued, in one transaction that also clears the pending action. A supervisor
-that dies in between finds the action pending at its next start (`pending_actions`).
+Everything one handled batch changes is committed in **one transaction**: the new cursor and
+the invocations it ended (each pending, to be decided). A crash of the supervisor at any point
+therefore either keeps all of a batch or none of it, and the batch is read again from the
+previous cursor: every entry is handled exactly once. An invocation is decided after its batch,
+in its unit's lane (the pending record becomes the decision, committed with the policy's
+per-unit memory), then acted on; what was done (`taken`) is committed with the invocation's
+history and the notifications it queued, in one transaction that also clears the pending
+record. A supervisor that dies in between finds it pending at its next start
+(`pending_actions`): to be decided, or to be acted on.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import StateError
 from .migrations import migrate
-from .model import Outcome
-from .records import outcome_from_record, outcome_record
+from .model import Ended, Outcome
+from .records import Pending
+from .state.reader import StateReader
+from .state.tables import STORE_TABLES, Checkpoint, History, Meta, PendingActions, UnitStates
+from .state.writer import Repository, StateWriter, Work
 from .util.files import make_dirs, private_file
 
+__all__ = ["DATABASE_NAME", "Checkpoint", "Store", "Writer"]
+
 DATABASE_NAME = "state.sqlite3"
+
+T = TypeVar("T")
 
 Writer = Callable[[sqlite3.Connection], None]
 """Extra work to run inside a batch's transaction (e.g. queueing notifications)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Checkpoint:
-    """Where reading resumes.
-
-    `cursor` is the last entry fully handled. `replay_from` is the first entry of the oldest
-    invocation still open at that point: reading restarts there so the open invocation's lines
-    are tracked again, but nothing up to `cursor` is acted on a second time.
-    """
-
-    cursor: str | None = None
-    replay_from: str | None = None
-
-
 class Store:
-    """One SQLite database in the state directory."""
+    """One SQLite database in the state directory: its writer, its reader, its tables."""
+
+    writer: StateWriter | None  # None when opened read-only
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -60,20 +58,28 @@ class Store:
             for suffix in ("", "-wal", "-shm"):
                 if not suffix or Path(f"{path}{suffix}").exists():
                     private_file(Path(f"{path}{suffix}"))
-            # The daemon commits from a worker thread (a slow fsync must not stall the event
-            # loop); every use of the connection holds `lock`, so uses never interleave.
-            self.connection = sqlite3.connect(
+            connection = sqlite3.connect(
                 path, isolation_level=None, timeout=10, check_same_thread=False
             )
-            self.lock = threading.RLock()
-            self.connection.execute("PRAGMA journal_mode=WAL")
-            # FULL: a committed cursor survives power loss, not only a crash of the process.
-            self.connection.execute("PRAGMA synchronous=FULL")
-            migrate(self.connection, path)
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                # FULL: a committed cursor survives power loss, not only a crash of the process.
+                connection.execute("PRAGMA synchronous=FULL")
+                migrate(connection, path)
+                reader = sqlite3.connect(
+                    path, isolation_level=None, timeout=10, check_same_thread=False
+                )
+            except BaseException:
+                connection.close()
+                raise
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot open the state database: {exc}") from exc
         except OSError as exc:
             raise StateError(f"{path.parent}: cannot create the state directory: {exc}") from exc
+        self.writer = StateWriter(connection, path)
+        self.reader = StateReader(reader, path)
+        for repository in STORE_TABLES:
+            self.register(repository)
 
     @classmethod
     def in_directory(cls, state_dir: Path) -> Store:
@@ -105,18 +111,19 @@ class Store:
             raise StateError(f"no state database at {path}") from None
         except OSError as exc:
             raise StateError(f"{path}: cannot read the state database: {exc.strerror}") from exc
-        store = cls.__new__(cls)
-        store.path, store.lock = path, threading.RLock()
         try:
-            store.connection = sqlite3.connect(
+            connection = sqlite3.connect(
                 _read_only_uri(path), uri=True, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
             raise StateError(f"{path}: cannot read the state database: {exc}") from exc
+        store = cls.__new__(cls)
+        store.path, store.writer = path, None
         try:
-            store.connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
-        except sqlite3.Error as exc:
-            store.connection.close()
+            store.reader = StateReader(connection, path)
+            store.reader.query("SELECT count(*) FROM sqlite_master")
+        except (sqlite3.Error, StateError) as exc:
+            connection.close()
             raise StateError(f"{path}: cannot read the state database: {exc}") from exc
         return store
 
@@ -143,38 +150,57 @@ class Store:
         return cls(path), aside
 
     def close(self) -> None:
-        """Close the connection."""
-        with self.lock:
-            self.connection.close()
+        """Finish the writes queued; close both connections."""
+        if self.writer is not None:
+            self.writer.close()
+        self.reader.close()
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write; errors become `StateError`."""
-        with self.lock:
-            yield from self._transaction()
+    # -- the one way in --------------------------------------------------------------------
 
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        try:
-            self.connection.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.connection
-            except BaseException:
-                self.connection.execute("ROLLBACK")
-                raise
-            self.connection.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if self.connection.in_transaction:
-                self.connection.execute("ROLLBACK")
-            raise StateError(f"{self.path}: write failed: {exc}") from exc
+    def register(self, repository: type[Repository]) -> None:
+        """`repository` is the owner of its tables (StateError: a second owner, or a table the
+        migrations never made)."""
+        if self.writer is not None:
+            self.writer.register(repository, self.reader.tables())
+        else:
+            missing = set(repository.TABLES) - self.reader.tables()
+            if missing:
+                raise StateError(f"{self.path}: no table {', '.join(sorted(missing))}")
+
+    async def write(self, work: Work[T]) -> T:
+        """Run `work` as one transaction in the writer's thread (the loop goes on meanwhile)."""
+        return await self._writer().write(work)
+
+    def write_blocking(self, work: Work[T]) -> T:
+        """`write`, waited for: for a caller that is not the event loop."""
+        return self._writer().write_blocking(work)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """From inside a unit of work: `callback` once it is committed (in the writer's thread)."""
+        self._writer().after_commit(callback)
+
+    def read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """What `work` reads with the read connection; errors become `StateError`."""
+        return self.reader.read(work)
+
+    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of a read; errors become `StateError`."""
+        return self.reader.query(sql, args)
+
+    def _writer(self) -> StateWriter:
+        if self.writer is None:
+            raise StateError(f"{self.path}: opened read-only")
+        return self.writer
+
+    # -- the store's own tables ------------------------------------------------------------
 
     def load_checkpoint(self) -> Checkpoint:
         """The saved checkpoint, or an empty one."""
-        rows = dict(self.query("SELECT key, value FROM meta WHERE key IN ('cursor','replay')"))
-        return Checkpoint(cursor=rows.get("cursor"), replay_from=rows.get("replay"))
+        return self.read(lambda db: Meta(db).checkpoint())
 
     def load_unit_states(self) -> dict[str, dict[str, Any]]:
         """The policy's saved memory per unit."""
-        return {u: json.loads(s) for u, s in self.query("SELECT unit, state FROM unit_state")}
+        return self.read(lambda db: UnitStates(db).load())
 
     def commit_batch(
         self,
@@ -185,102 +211,75 @@ class Store:
         extra: Sequence[Writer] = (),
         now: Callable[[], float] = time.time,
         decided: Sequence[Outcome] = (),
+        ended: Sequence[Ended] = (),
     ) -> None:
-        """Commit everything one batch changed, atomically: the actions it `decided` (pending),
-        the `outcomes` whose actions were taken (history; their pending actions cleared)."""
-        with self.transaction() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
-                [(o.invocation.unit, _key(o), _dump(outcome_record(o))) for o in decided],
-            )
-            db.executemany(
-                "DELETE FROM pending_action WHERE unit IS ? AND key = ?",
-                [(o.invocation.unit, _key(o)) for o in outcomes],
-            )
-            for key, value in (("cursor", checkpoint.cursor), ("replay", checkpoint.replay_from)):
-                if value is None:
-                    db.execute("DELETE FROM meta WHERE key = ?", (key,))
-                else:
-                    db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
-            for unit, state in (unit_states or {}).items():
-                db.execute("INSERT OR REPLACE INTO unit_state VALUES (?, ?)", (unit, _dump(state)))
-            for outcome in outcomes:
-                inv = outcome.invocation
-                db.execute(
-                    "INSERT OR IGNORE INTO history (unit, invocation_id, time, outcome) "
-                    "VALUES (?, ?, ?, ?)",
-                    (inv.unit, inv.invocation_id, now(), _dump(outcome.to_json())),
-                )
-            for write in extra:
-                write(db)
+        """`acommit_batch`, waited for (off the loop)."""
+        self.write_blocking(
+            _batch(checkpoint, outcomes, unit_states or {}, extra, now, decided, ended)
+        )
 
-    def pending_actions(self) -> tuple[list[Outcome], list[str]]:
-        """The actions decided and not yet taken, oldest first; and one line for each record
-        that cannot be read (it stays, for a person to look at)."""
-        rows = self.query("SELECT unit, key, outcome FROM pending_action ORDER BY id")
-        outcomes, unreadable = [], []
-        for unit, key, text in rows:
-            try:
-                outcomes.append(outcome_from_record(json.loads(text)))
-            except (ValueError, KeyError, TypeError) as exc:
-                unreadable.append(f"{unit} {key}: {type(exc).__name__}: {exc}")
-        return outcomes, unreadable
+    async def acommit_batch(
+        self,
+        *,
+        checkpoint: Checkpoint,
+        outcomes: Sequence[Outcome] = (),
+        unit_states: Mapping[str, Mapping[str, Any]] | None = None,
+        extra: Sequence[Writer] = (),
+        now: Callable[[], float] = time.time,
+        decided: Sequence[Outcome] = (),
+        ended: Sequence[Ended] = (),
+    ) -> None:
+        """Commit everything noted since the last commit, atomically: the invocations that
+        `ended` (pending, to be decided), the actions `decided` (the pending record becomes
+        the outcome's), the `outcomes` whose actions were taken (history; their pending
+        records cleared), the checkpoint, the policy's memory and the `extra` writes (the
+        messages queued)."""
+        await self.write(
+            _batch(checkpoint, outcomes, unit_states or {}, extra, now, decided, ended)
+        )
+
+    def pending_actions(self) -> tuple[list[Pending], list[str]]:
+        """The invocations ended and not yet decided, and the actions decided and not yet
+        taken, oldest first; and one line for each record that cannot be read (it stays, for
+        a person to look at)."""
+        return self.read(lambda db: PendingActions(db).load())
 
     def add_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
+        """`aadd_note`, waited for (off the loop)."""
+        self.write_blocking(lambda db: History(db).add_note(unit, invocation_ids, note))
+
+    async def aadd_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
         """Append `note` to the verdict notes of invocations already recorded (a late fact)."""
-        with self.transaction() as db:
-            for invocation_id in invocation_ids:
-                row = db.execute(
-                    "SELECT id, outcome FROM history WHERE unit IS ? AND invocation_id = ?",
-                    (unit, invocation_id),
-                ).fetchone()
-                if row is None:
-                    continue
-                outcome = json.loads(row[1])
-                notes = outcome.setdefault("verdict", {}).setdefault("notes", [])
-                if note not in notes:
-                    notes.append(note)
-                db.execute("UPDATE history SET outcome = ? WHERE id = ?", (_dump(outcome), row[0]))
+        await self.write(lambda db: History(db).add_note(unit, invocation_ids, note))
 
     def history(self, unit: str | None = None) -> list[dict[str, Any]]:
         """Every classified invocation, oldest first: the triage JSON plus time and notified."""
-        sql = "SELECT time, outcome, notified FROM history"
-        args: tuple[Any, ...] = ()
-        if unit is not None:
-            sql += " WHERE unit = ?"
-            args = (unit,)
-        result = []
-        for when, outcome, notified in self.query(sql + " ORDER BY id", args):
-            item = json.loads(outcome)
-            item["time"] = datetime.fromtimestamp(when, UTC).isoformat()
-            item["notified"] = bool(notified)
-            result.append(item)
-        return result
-
-    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        """Rows of a read; errors become `StateError`."""
-        with self.lock:
-            try:
-                return self.connection.execute(sql, args).fetchall()
-            except sqlite3.Error as exc:
-                raise StateError(f"{self.path}: read failed: {exc}") from exc
+        return self.read(lambda db: History(db).items(unit))
 
 
-def mark_notified(
-    db: sqlite3.Connection, invocations: Iterable[tuple[str | None, str | None]]
-) -> None:
-    """Mark recorded invocations (unit, invocation id) as told, inside the caller's transaction
-    (the outbox marks its message sent in the same one)."""
-    db.executemany(
-        "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
-        list(invocations),
-    )
+def _batch(
+    checkpoint: Checkpoint,
+    outcomes: Sequence[Outcome],
+    unit_states: Mapping[str, Mapping[str, Any]],
+    extra: Sequence[Writer],
+    now: Callable[[], float],
+    decided: Sequence[Outcome],
+    ended: Sequence[Ended],
+) -> Writer:
+    """One batch's unit of work."""
 
+    def work(db: sqlite3.Connection) -> None:
+        pending = PendingActions(db)
+        pending.add(ended)
+        pending.decide(decided)
+        pending.clear(outcomes)
+        Meta(db).save(checkpoint)
+        UnitStates(db).save(unit_states)
+        History(db).add(outcomes, now())
+        for write in extra:
+            write(db)
 
-def _key(outcome: Outcome) -> str:
-    """What identifies an invocation of its unit: its id, else its last entry's cursor."""
-    inv = outcome.invocation
-    return inv.invocation_id or f"cursor:{inv.last_cursor}"
+    return work
 
 
 def _read_only_uri(path: Path) -> str:
@@ -290,7 +289,3 @@ def _read_only_uri(path: Path) -> str:
     uri = f"{path.absolute().as_uri()}?mode=ro"
     live = all(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
     return uri if live else f"{uri}&immutable=1"
-
-
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.crashloop import STARTING, write_crash_loop
+from bench.crashloop import STARTING, LoopTiming, write_crash_loop
 from vllm_supervisor.model import LifecycleEvent
 
 pytestmark = pytest.mark.skipif(
@@ -105,3 +105,43 @@ class TestCrashLoopJournal:
         restart = times[ids.index(LifecycleEvent.RESTART_SCHEDULED.value)]
         assert exited - started >= 60_000_000
         assert restart - failed == 10_000_000
+
+
+class TestRecordedEnding:
+    def test_killed_by_a_signal(self, tmp_path: Path) -> None:
+        """A loop whose real journal shows a kill replays `code=killed` and result 'signal'."""
+        write_crash_loop(
+            tmp_path / "j", UNIT, LINES, name="killed", invocations=2, timing=LoopTiming(signal=9)
+        )
+        entries = _read(tmp_path / "j")
+        exited = [e for e in entries if e.get("MESSAGE_ID") == LifecycleEvent.PROCESS_EXITED.value]
+        failed = [e for e in entries if e.get("MESSAGE_ID") == LifecycleEvent.UNIT_FAILED.value]
+        assert [(e["EXIT_CODE"], e["EXIT_STATUS"]) for e in exited] == [("killed", "9")] * 2
+        assert "code=killed, status=9/KILL" in exited[0]["MESSAGE"]
+        assert [e["UNIT_RESULT"] for e in failed] == ["signal", "signal"]
+
+    def test_status_zero_has_no_exit_entry(self, tmp_path: Path) -> None:
+        """systemd 252 logs only "Deactivated successfully" for a status-0 exit."""
+        write_crash_loop(
+            tmp_path / "j",
+            UNIT,
+            LINES,
+            name="zero",
+            invocations=2,
+            timing=LoopTiming(exit_status=0),
+        )
+        ids = [e.get("MESSAGE_ID") for e in _read(tmp_path / "j")]
+        assert LifecycleEvent.PROCESS_EXITED.value not in ids
+        assert ids.count(LifecycleEvent.DEACTIVATED.value) == 2
+
+    def test_other_status(self, tmp_path: Path) -> None:
+        """An argparse exit replays as status 2."""
+        write_crash_loop(
+            tmp_path / "j", UNIT, LINES, name="two", invocations=1, timing=LoopTiming(exit_status=2)
+        )
+        exited = [
+            e
+            for e in _read(tmp_path / "j")
+            if e.get("MESSAGE_ID") == LifecycleEvent.PROCESS_EXITED.value
+        ]
+        assert [e["EXIT_STATUS"] for e in exited] == ["2"]

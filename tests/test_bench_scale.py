@@ -30,8 +30,15 @@ def test_quick_run_measures_every_section(tmp_path: Path) -> None:
         assert row["decided"] == row["crashes"] > 0
         assert row["reader_restarts"] == 0
         assert row["rss_anon_mb"] > 0
-    backlog = result["backlog"]["rows"]
-    assert backlog["daemon"]["decided"] == result["backlog"]["crashes"]
+        assert row["others"]["daemon_journalctl"]["decided"] == row["crashes"]
+        assert row["others"]["journalctl_u"]["caught_up_s"] > 0
+    (size,) = result["backlog"].values()
+    backlog = size["rows"]
+    assert backlog["daemon"]["decided"] == backlog["daemon_journalctl"]["decided"] == 5
     assert backlog["journalctl_u"]["wall_s"] > 0 and backlog["child"]["wall_s"] > 0
+    assert backlog["daemon_journalctl"]["vs_journalctl_u"] > 0
     assert all(row["rss_anon_mb"] > 0 for row in result["lines"]["rows"].values())
     assert all(row["us_per_line"] > 0 for row in result["tracker"]["rows"].values())
+    tables = result["table"]["rows"]
+    assert [row["signatures"] for row in tables.values()] == [135, 1000]
+    assert {row["runs"][0]["signature"] for row in tables.values()} == {"flashinfer_cubin_mismatch"}

@@ -16,7 +16,7 @@ from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.determinism import judge
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
 from vllm_supervisor.decide.policy import RestartPolicy
-from vllm_supervisor.model import Action, Invocation, Severity, Verdict
+from vllm_supervisor.model import Action, Evidence, Invocation, Severity, Verdict
 
 V1 = "(EngineCore_DP0 pid=563) ERROR 12-23 23:34:23 [core.py:708] "
 SITE = "/opt/venv/lib/python3.12/site-packages"
@@ -289,7 +289,7 @@ class TestRepetitionAndSafety:
         for n in range(2):
             invocation = failed_invocation(texts, invocation_id=f"{n:032x}")
             verdict, phase = judge(classifier, invocation, GOOD_START_S)
-            actions.append(policy.decide(invocation, verdict, phase).action)
+            actions.append(policy.decide(invocation, verdict, Evidence(phase=phase)).action)
         assert actions == [Action.HALT, Action.HALT]
 
     def test_a_kill_from_outside_is_no_deterministic_crash(self, empty: SignatureTable) -> None:
@@ -461,3 +461,62 @@ class TestWhereAStartupCrashWasRaised:
             empty, _traceback(LOADER, exception=None), exit_code="killed", exit_status=9
         )
         assert verdict.severity is not Severity.FATAL
+
+
+class TestHowAKillReads:
+    """systemd says how the main process ended: `code=killed, status=9/KILL` alone is someone's
+    signal (a person, an orchestrator); its OOM-kill message (MESSAGE_ID fe6faa94...) says the
+    unit's memory ran out. Before the server ever served that is the load's peak, met again."""
+
+    LOADING = (
+        "(EngineCore_DP0 pid=563) INFO 12-23 23:34:23 [loader.py:267] Loading weights took 41 s",
+        "(EngineCore_DP0 pid=563) INFO 12-23 23:34:24 [worker.py:298] Memory profiling ...",
+    )
+
+    def _loop(self, empty: SignatureTable, served: bool, **ended: object) -> list[Action]:
+        classifier, policy = Classifier(empty), RestartPolicy()
+        actions = []
+        for n in range(3):
+            texts = [SERVING, *self.LOADING] if served else list(self.LOADING)
+            started = failed_invocation(
+                texts, invocation_id=f"{n:032x}", served_us=1_000_000 if served else None
+            )
+            invocation = dataclasses.replace(
+                started,
+                **ended,  # type: ignore[arg-type]
+            )
+            verdict, phase = judge(classifier, invocation, GOOD_START_S)
+            actions.append(policy.decide(invocation, verdict, Evidence(phase=phase)).action)
+        return actions
+
+    def test_an_oom_kill_while_loading_leans_fatal(self, empty: SignatureTable) -> None:
+        """The OOM killer at the same point of two starts' load halts the second."""
+        oom = {"oom_killed": True, "exit_code": "killed", "exit_status": 9, "result": "oom-kill"}
+        verdict = _judge(empty, list(self.LOADING), **oom)
+        assert verdict.severity is Severity.UNKNOWN
+        assert verdict.leaning is Severity.FATAL
+        assert verdict.severity_reason is not None
+        assert "OOM killer before the server ever served" in verdict.severity_reason
+        assert self._loop(empty, False, **oom)[:2] == [Action.ALLOW_RESTART, Action.HALT]
+
+    def test_an_oom_kill_after_serving_is_transient(self, empty: SignatureTable) -> None:
+        """After serving, memory is the load's: restarted every time."""
+        oom = {"oom_killed": True, "exit_code": "killed", "exit_status": 9, "result": "oom-kill"}
+        assert Action.HALT not in self._loop(empty, True, **oom)
+
+    def test_a_bare_sigkill_is_never_halted(self, empty: SignatureTable) -> None:
+        """`code=killed, status=9/KILL` with no OOM message, in every start: someone's signal,
+        not a crash of the start; never halted, however often it repeats."""
+        killed = {"exit_code": "killed", "exit_status": 9, "result": "signal"}
+        verdict = _judge(empty, list(self.LOADING), **killed)
+        assert verdict.severity is Severity.TRANSIENT
+        assert self._loop(empty, False, **killed) == [Action.ALLOW_RESTART] * 3
+
+    def test_systemds_own_start_timeout_is_no_outside_kill(self, empty: SignatureTable) -> None:
+        """TimeoutStartSec= ran out and systemd killed the start (result 'timeout'): the same
+        load takes as long again, so the kill is no sign a restart helps; the repeat rule
+        halts it."""
+        timeout = {"exit_code": "killed", "exit_status": 9, "result": "timeout"}
+        verdict = _judge(empty, list(self.LOADING), **timeout)
+        assert verdict.severity is Severity.UNKNOWN
+        assert self._loop(empty, False, **timeout) == [Action.ALLOW_RESTART] * 2 + [Action.HALT]

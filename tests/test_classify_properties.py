@@ -25,7 +25,7 @@ from vllm_supervisor.classify.logline import annotate, crash_form, parse_line
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
 from vllm_supervisor.decide.policy import RestartPolicy
 from vllm_supervisor.errors import SignatureTableError
-from vllm_supervisor.model import Action, Ending, Invocation, LogLine, Severity
+from vllm_supervisor.model import Action, Ending, Evidence, Invocation, LogLine, Severity
 
 PREFIXES = (
     "",
@@ -148,7 +148,7 @@ class TestClassifierProperties:
         if verdict.basis == "inferred":  # a wrapper's signature may stay: it names no severity
             assert verdict.severity_reason
             assert not (phase.served and verdict.severity is Severity.FATAL)
-        decision = RestartPolicy().decide(invocation, verdict, phase)
+        decision = RestartPolicy().decide(invocation, verdict, Evidence(phase=phase))
         if decision.rule == "inferred_fatal":
             assert decision.action is Action.HALT and not phase.served
         if not invocation.failed and not verdict.crashed:
@@ -163,7 +163,9 @@ class TestClassifierProperties:
         invocation = _invocation(texts, served=False, status=1, ending=ending)
         verdict = Classifier(table).classify_invocation(invocation)
         phase = phase_of(invocation, 600.0, verdict.phase_hint)
-        decision = RestartPolicy().decide(invocation, assess(verdict, invocation, phase), phase)
+        decision = RestartPolicy().decide(
+            invocation, assess(verdict, invocation, phase), Evidence(phase=phase)
+        )
         if ending in (Ending.STOPPED, Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT):
             assert decision.action is Action.OBSERVE
 

@@ -32,7 +32,14 @@ from hypothesis import strategies as st
 # read the interpreter's own library under /root any more.
 import vllm_supervisor.app
 import vllm_supervisor.classify.table
+import vllm_supervisor.commands.check_config
+import vllm_supervisor.commands.gate
+import vllm_supervisor.commands.history
 import vllm_supervisor.commands.preflight
+import vllm_supervisor.commands.release
+import vllm_supervisor.commands.run
+import vllm_supervisor.commands.setup
+import vllm_supervisor.commands.signatures
 import vllm_supervisor.commands.sigtest
 import vllm_supervisor.commands.status
 import vllm_supervisor.commands.triage

@@ -29,7 +29,7 @@ from vllm_supervisor.config import Config, UnitConfig
 from vllm_supervisor.decide.hang import HangDetector, HangWatcher
 from vllm_supervisor.decide.policy import RestartPolicy
 from vllm_supervisor.environment.execstart import serving_port
-from vllm_supervisor.model import Action, Invocation, JournalEntry, Severity, UnitState
+from vllm_supervisor.model import Action, Evidence, Invocation, JournalEntry, Severity, UnitState
 
 UNIT = "vllm.service"
 INV = "a" * 32
@@ -85,7 +85,7 @@ def _table() -> SignatureTable:
 
 def _decide(table: SignatureTable, invocation: Invocation) -> tuple[Severity, Action, str]:
     verdict, phase = judge(Classifier(table), invocation, GOOD_START_S)
-    decision = RestartPolicy().decide(invocation, verdict, phase)
+    decision = RestartPolicy().decide(invocation, verdict, Evidence(phase=phase))
     return verdict.severity, decision.action, verdict.root_cause or ""
 
 

@@ -113,13 +113,13 @@ async def test_cursor_only_batches_commit_at_most_each_interval_and_when_quiet(
         config, load_table(config), store=store, metrics=Metrics(new_registry(process=False))
     )
     commits: list[str | None] = []
-    commit_batch = store.commit_batch
+    commit_batch = store.acommit_batch
 
-    def counting(**kwargs: object) -> None:
-        commit_batch(**kwargs)  # type: ignore[arg-type]
+    async def counting(**kwargs: object) -> None:
+        await commit_batch(**kwargs)  # type: ignore[arg-type]
         commits.append(store.load_checkpoint().cursor)
 
-    store.commit_batch = counting  # type: ignore[method-assign]
+    store.acommit_batch = counting  # type: ignore[method-assign]
     inv = uuid.uuid4().hex
     crash = crashed_invocation(DEMO_UNIT, seed_lines(), restarts=1, invocation_id=inv)
     stop = asyncio.Event()

@@ -17,7 +17,7 @@ from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.determinism import judge as judge_invocation
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
 from vllm_supervisor.decide.policy import RestartPolicy
-from vllm_supervisor.model import Action, Decision, Invocation, Severity, Verdict
+from vllm_supervisor.model import Action, Decision, Evidence, Invocation, Severity, Verdict
 
 
 @pytest.fixture(scope="module", name="table")
@@ -40,7 +40,13 @@ def _decide(
         invocation = invocation_of(label, invocation_id=f"{n:032x}")
         verdict, phase = judge(classifier, invocation)
         decisions.append(
-            policy.decide(invocation, verdict, phase, halt_inferred=halt_inferred, dry_run=dry_run)
+            policy.decide(
+                invocation,
+                verdict,
+                Evidence(phase=phase),
+                halt_inferred=halt_inferred,
+                dry_run=dry_run,
+            )
         )
     assert verdict is not None
     return verdict, decisions
@@ -180,7 +186,7 @@ def _lines_invocation(texts: list[str], **changes: object) -> Invocation:
 
 def _decide_one(table: SignatureTable, invocation: Invocation) -> tuple[Verdict, Decision]:
     verdict, phase = judge_invocation(Classifier(table), invocation, 600.0)
-    return verdict, RestartPolicy().decide(invocation, verdict, phase)
+    return verdict, RestartPolicy().decide(invocation, verdict, Evidence(phase=phase))
 
 
 class TestWeakEvidenceNeverHalts:
@@ -208,7 +214,9 @@ class TestWeakEvidenceNeverHalts:
 
     def test_a_guess_is_no_ground_for_an_inference(self, table: SignatureTable) -> None:
         """No error line; a warning that looks like trouble ("file does not exist"); killed
-        while loading: the kill is the cause, nothing is inferred."""
+        while loading: the kill is the cause, and the warning's words infer nothing. systemd
+        saw the main process killed with no stop job: someone else's signal, transient by the
+        ending alone, so repeats of it are never halted."""
         verdict, decision = _decide_one(
             table,
             _lines_invocation(
@@ -224,7 +232,10 @@ class TestWeakEvidenceNeverHalts:
             ),
         )
         assert verdict.root_cause == "Main process exited, code=killed, status=9/KILL"
-        assert verdict.basis == "unknown" and verdict.confidence == "low"
+        assert verdict.severity is Severity.TRANSIENT and verdict.basis == "inferred"
+        assert verdict.severity_reason is not None
+        assert "killed by SIGKILL" in verdict.severity_reason
+        assert "does not exist" not in verdict.severity_reason
         assert decision.action is Action.ALLOW_RESTART
 
     def test_a_run_whose_start_was_not_read_infers_nothing(self, table: SignatureTable) -> None:
@@ -268,5 +279,5 @@ class TestWeakEvidenceNeverHalts:
                 dataclasses.replace(label, served_s=served_s), invocation_id=f"{n:032x}"
             )
             verdict, phase = judge_invocation(classifier, invocation, 600.0)
-            rules.append(policy.decide(invocation, verdict, phase).rule)
+            rules.append(policy.decide(invocation, verdict, Evidence(phase=phase)).rule)
         assert rules == ["unknown_after_serving", "unknown_first", "unknown_first"]

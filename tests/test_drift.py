@@ -19,10 +19,18 @@ from vllm_supervisor.commands.demo import demo_config
 from vllm_supervisor.commands.triage import render_text
 from vllm_supervisor.config import Config, DriftConfig, TrackerConfig, UnitConfig
 from vllm_supervisor.daemon import Daemon
-from vllm_supervisor.environment.drift import DriftRecorder, with_recorded_drift
+from vllm_supervisor.environment.drift import DriftRecorder, RecordedDrift
 from vllm_supervisor.environment.log import EnvironmentLog
 from vllm_supervisor.environment.snapshot import EnvSnapshot
-from vllm_supervisor.model import Action, JournalEntry, LifecycleEvent, Outcome
+from vllm_supervisor.model import (
+    Action,
+    Ended,
+    Evidence,
+    JournalEntry,
+    LifecycleEvent,
+    Outcome,
+    Phase,
+)
 from vllm_supervisor.notify.message import build_payload
 from vllm_supervisor.store import Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
@@ -119,7 +127,6 @@ def _setup(
     env: FakeEnv,
     *,
     good_start_s: float = 600.0,
-    decide_on_drift: bool = False,
 ) -> tuple[Daemon, DriftRecorder]:
     base = demo_config(tmp_path)
     config: Config = dataclasses.replace(
@@ -144,7 +151,6 @@ def _setup(
         store=store,
         metrics=metrics,
         hooks=[recorder],
-        drift=recorder.changes if decide_on_drift else None,
     )
     return daemon, recorder
 
@@ -203,10 +209,15 @@ class TestDriftRecorder:
         )
         assert recorded == 2.0
         # `triage` of the same crash on this host finds the change in the daemon's database.
-        bare = [dataclasses.replace(o, drift=()) for o in crashed]
-        recorded = with_recorded_drift(bare, tmp_path / "state")
-        assert [o.drift for o in recorded] == [drift]
-        assert render_text(recorded).count("0.6.3 → 0.6.4") == len(
+        recorded = RecordedDrift(tmp_path / "state")
+        bare = Evidence(phase=Phase(served=serving))
+        found = [
+            recorded.evidence(Ended(invocation=o.invocation, reading=o.verdict), bare).drift
+            for o in crashed
+        ]
+        recorded.close()
+        assert found == [drift]
+        assert render_text(crashed).count("0.6.3 → 0.6.4") == len(
             [d for d in drift if "0.6.4" in d]
         )
 
@@ -267,7 +278,7 @@ class TestDriftAsEvidence:
     ) -> None:
         """The decision reads the drift the daemon recorded, and its reason names it."""
         env = FakeEnv()
-        daemon, recorder = _setup(tmp_path, store, env, good_start_s=600.0, decide_on_drift=True)
+        daemon, recorder = _setup(tmp_path, store, env, good_start_s=600.0)
         stop = asyncio.Event()
         task = asyncio.create_task(recorder.run(stop))
         try:
@@ -288,8 +299,8 @@ class TestSlackDrift:
         env = FakeEnv()
         daemon, _ = _setup(tmp_path, store, env)
         journal = Journal()
-        [outcome] = daemon.pipeline.feed(
-            [journal.line("d" * 32, FATAL), *journal.ended("d" * 32, 1)]
+        [outcome] = daemon.pipeline.decide_all(
+            daemon.pipeline.feed([journal.line("d" * 32, FATAL), *journal.ended("d" * 32, 1)])
         )
         outcome = dataclasses.replace(outcome, drift=("torch 2.5.1 → 2.6.0",))
         payload = build_payload(outcome, host="gpu1")

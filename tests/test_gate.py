@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,14 @@ class TestRelease:
         assert release_main("vllm.service", *dirs, out=out, defaults=()) == 0
         assert "unreadable" in out.getvalue()
         assert not q.is_quarantined("vllm.service")
+
+
+def test_the_gate_loads_no_classifier_database_or_packaging_code() -> None:
+    """`gate` runs before every start of a served unit: importing it loads neither RE2 (the
+    signature table), sqlite3 (the state database) nor packaging (preflight's checks)."""
+    code = (
+        "import sys, vllm_supervisor.commands.gate; "
+        "print(*sorted(m for m in ('re2', 'sqlite3', 'packaging') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == []

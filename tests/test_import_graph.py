@@ -10,6 +10,7 @@ not even one under `TYPE_CHECKING`, closes a cycle.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.engines",),
     ("supervisor.config",),
     ("supervisor.migrations",),
-    ("supervisor.store", "supervisor.telemetry"),
+    ("supervisor.state", "supervisor.store", "supervisor.telemetry"),
     ("supervisor.seams",),
     ("supervisor.journal",),
     ("supervisor.environment",),
@@ -59,6 +60,11 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+def known() -> set[str]:
+    """Every module: the Python ones, and the compiled ones by their `.pyi` stubs (`_rows`)."""
+    return {*modules(), *(module_name(p) for p in PACKAGE.rglob("*.pyi"))}
+
+
 def imports_of(path: Path, name: str) -> Iterator[str]:
     """Every module of the package that `path` imports, TYPE_CHECKING blocks included."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -73,7 +79,7 @@ def imports_of(path: Path, name: str) -> Iterator[str]:
             if base.split(".")[0] != "supervisor":
                 continue
             for alias in node.names:  # `from supervisor.x import y` may import module x.y
-                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules() else base
+                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known() else base
 
 
 def _named(node: ast.expr) -> str:
@@ -173,3 +179,68 @@ class TestLayers:
         found = set(imports_of(source, "supervisor.track.probe"))
         assert "supervisor.daemon" in found
         assert "supervisor.track.model" in found or "supervisor.track" in found
+
+
+def exported(folder: str) -> set[str]:
+    """The names a stage's `__init__.py` lists in `__all__`."""
+    path = PACKAGE / folder / "__init__.py"
+    for node in ast.parse(path.read_text(), str(path)).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"supervisor/{folder}/__init__.py has no __all__")
+
+
+def stage_imports(path: Path, name: str) -> Iterator[tuple[str, str]]:
+    """(what, name) for each name module `name` (at `path`) imports from a stage: `what` is the
+    module it names, the stage's package or one of its modules."""
+    package = name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[:2][-1] in STAGE_FOLDERS:
+                    yield alias.name, "*"
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            parts = base.split(".")
+            if parts[0] == "supervisor" and len(parts) > 1 and parts[1] in STAGE_FOLDERS:
+                yield from ((base, alias.name) for alias in node.names)
+
+
+class TestStageFaces:
+    @pytest.mark.parametrize("folder", STAGE_FOLDERS)
+    def test_each_stage_says_what_commands_may_use(self, folder: str) -> None:
+        """Every stage's `__init__.py` has an `__all__`, and each name in it is there."""
+        package = importlib.import_module(f"vllm_supervisor.{folder}")
+        assert [n for n in sorted(exported(folder)) if not hasattr(package, n)] == []
+
+    def test_commands_use_only_what_the_stages_export(self) -> None:
+        """A command imports a stage's names from the stage's package, and only those in its
+        `__all__`: what a stage keeps to itself can change without a command noticing."""
+        commands = [PACKAGE / "cli.py", *sorted((PACKAGE / "commands").glob("*.py"))]
+        stray = [
+            f"{module_name(path)}: {what}.{name}"
+            for path in commands
+            for what, name in stage_imports(path, module_name(path))
+            if what.count(".") != 1 or name not in exported(what.split(".")[1])
+        ]
+        assert stray == []
+
+    def test_the_checker_sees_a_stage_module_import(self, tmp_path: Path) -> None:
+        """Importing from a stage's module, not its package, is found, relative or not."""
+        source = tmp_path / "probe.py"
+        source.write_text(
+            "from ..environment.probe import probe\nfrom ..actions import ask\n"
+            "import supervisor.track.tracker\n"
+        )
+        found = set(stage_imports(source, "supervisor.commands.probe"))
+        assert found == {
+            ("supervisor.environment.probe", "probe"),
+            ("supervisor.actions", "ask"),
+            ("supervisor.track.tracker", "*"),
+        }

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_supervisor.classify import signatures
 from vllm_supervisor.classify.signatures import DEFAULT_SIGNATURE_DIR, load_signature_table
 from vllm_supervisor.errors import SignatureTableError
 
@@ -108,3 +109,36 @@ def test_patterns_that_cannot_share_a_set_are_one_error_naming_their_file(
         load_signature_table([directory])
     message = str(caught.value)
     assert "huge" in message and "RE2 cannot compile" in message and "\n" not in message
+
+
+def test_loading_validates_patterns_without_compiling_each(
+    big_table_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation parses each pattern (as the sets take it) instead of compiling it alone: a
+    table of 5,000 signatures spent 0.6 s of its 1.6 s load compiling regexes it then threw
+    away. A regex is compiled only when a line needs its captures."""
+    compiled: list[str] = []
+    real = signatures.compile_pattern
+
+    def counting(pattern: str) -> object:
+        compiled.append(pattern)
+        return real(pattern)
+
+    monkeypatch.setattr(signatures, "compile_pattern", counting)
+    table = load_signature_table([big_table_dir])
+    assert compiled == []
+    assert table.match(f"{CUBIN_LINE} [copy 3]") is not None
+    assert len(compiled) >= 1
+
+
+def test_an_invalid_pattern_still_names_re2s_reason(tmp_path: Path) -> None:
+    """The parse-only check reports what RE2 says of the pattern, as compiling it did."""
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        '[[signature]]\nid = "bad"\ntitle = "t"\nseverity = "fatal"\npatterns = ["ok", "a(b"]\n'
+    )
+    with pytest.raises(SignatureTableError) as raised:
+        load_signature_table([path])
+    assert str(raised.value) == (
+        f"{path}: signature 'bad': patterns[1]: invalid regex: missing ): a(b"
+    )

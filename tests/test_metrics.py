@@ -15,6 +15,7 @@ import pytest
 from notify_fakes import T0, make_outcome
 
 from vllm_supervisor import __version__
+from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.model import Action, Rule, Severity
 from vllm_supervisor.telemetry.http import MetricsServer, combine_health, following_check
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
@@ -296,6 +297,61 @@ class TestUnitsSeries:
         crash = {"unit": "vllm.service", "signature": "flashinfer_cubin_mismatch"}
         assert value(s, "vllm_supervisor_crashes_total", **crash, severity="fatal") == 1
         assert value(s, "vllm_supervisor_unit_halted", unit="vllm.service") == 0
+
+    def test_every_supervised_unit_has_its_own_label_past_the_cap(self) -> None:
+        """500 configured units: the 500th's crash is counted under its own name. The cap on
+        unit labels bounds names seen in the journal, not the configured ones (before: units
+        past the 64th were counted as "other")."""
+        metrics = Metrics(new_registry(process=False))
+        units = [f"serve-{n:04d}.service" for n in range(1, 501)]
+        metrics.register_units(units)
+        for unit in units:
+            metrics.unit_loaded(unit, True)
+        metrics.outcome(make_outcome(unit=units[-1]), 0.001)
+        s = parse(metrics.exposition()[0].decode())
+        crash = {"unit": units[-1], "signature": "flashinfer_cubin_mismatch", "severity": "fatal"}
+        assert value(s, "vllm_supervisor_crashes_total", **crash) == 1
+        assert value(s, "vllm_supervisor_unit_halted", unit=units[-1]) == 0
+
+    def test_zero_series_per_signature_are_bounded_whatever_the_units(self) -> None:
+        """500 units of the shipped table: the per-signature series made at 0 stay within
+        their bound (before: 150k series, a 17.7 MB scrape), the first units keep them, and a
+        crash of the last unit is still counted under its own name."""
+        metrics = Metrics(new_registry(process=False))
+        table = load_signature_table()
+        metrics.signature_table(
+            [s.id for s in table.signatures],
+            True,
+            severities={s.id: s.severity.value for s in table.signatures},
+        )
+        units = [f"serve-{n:04d}.service" for n in range(1, 501)]
+        metrics.register_units(units)
+        for unit in units:
+            metrics.unit_loaded(unit, True)
+        metrics.outcome(make_outcome(unit=units[-1]), 0.001)
+        s = parse(metrics.exposition()[0].decode())
+        crashes = [
+            labels
+            for name, labels in s
+            if name == "vllm_supervisor_crashes_total" and ("signature", "unknown") not in labels
+        ]
+        assert len(crashes) <= 10_000 + 1  # the unit's own crash past the bound
+        crash = {"signature": "flashinfer_cubin_mismatch", "severity": "fatal"}
+        assert value(s, "vllm_supervisor_crashes_total", unit=units[0], **crash) == 0
+        assert value(s, "vllm_supervisor_crashes_total", unit=units[-1], **crash) == 1
+        halt = {"signature": "flashinfer_cubin_mismatch", "action": "halt", "dry_run": "false"}
+        assert value(s, "vllm_supervisor_decisions_total", unit=units[0], **halt) == 0
+
+    def test_journal_units_that_are_not_configured_are_still_capped(self) -> None:
+        """Names the journal brings (never configured) get labels up to the cap, then "other",
+        however many units are configured."""
+        metrics = Metrics(new_registry(process=False))
+        metrics.register_units([f"serve-{n:04d}.service" for n in range(1, 101)])
+        for n in range(80):
+            metrics.outcome(make_outcome(unit=f"stray-{n}.service"), 0.001)
+        s = parse(metrics.exposition()[0].decode())
+        crash = {"signature": "flashinfer_cubin_mismatch", "severity": "fatal"}
+        assert value(s, "vllm_supervisor_crashes_total", unit="other", **crash) == 80 - 63
 
     def test_only_supervised_units_are_said_to_be_present_or_absent(self) -> None:
         """The label's values are the configured units, never another name."""

@@ -9,6 +9,7 @@ that echoes the URL must be redacted before it is cut, so no piece of the token 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,8 @@ def _queue(store: Store, outbox: Outbox, invocation_id: str = "inv-1") -> None:
 
 
 def _states(store: Store) -> list[tuple[str, int, str | None]]:
-    rows = store.connection.execute("SELECT state, attempts, last_error FROM outbox ORDER BY id")
-    return [tuple(r) for r in rows.fetchall()]
+    rows = store.query("SELECT state, attempts, last_error FROM outbox ORDER BY id")
+    return [tuple(r) for r in rows]
 
 
 def _events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -201,9 +202,12 @@ async def test_a_message_that_cannot_be_rendered_is_dropped(
     store, outbox, metrics = _outbox(tmp_path, hook, clock)
     _queue(store, outbox, "inv-1")
     _queue(store, outbox, "inv-2")
-    with store.transaction() as db:
+
+    def spoil(db: sqlite3.Connection) -> None:
         db.execute("UPDATE outbox SET payload = '{not json' WHERE id = 1")
         db.execute("""UPDATE outbox SET payload = '{"text": NaN}' WHERE id = 2""")
+
+    store.write_blocking(spoil)
     with structlog.testing.capture_logs():
         async with running(outbox):
             await poll(lambda: [s[0] for s in _states(store)] == ["failed", "failed"])

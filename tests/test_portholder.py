@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
-from corpus_judge import failed_invocation, invocation_of, judge, label_of
+from corpus_judge import GOOD_START_S, failed_invocation, invocation_of, label_of
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -33,9 +33,7 @@ from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.commands.gate import EXIT_QUARANTINED, gate_main
-from vllm_supervisor.commands.preflight import Status, check_port
-from vllm_supervisor.config import Config, UnitConfig
-from vllm_supervisor.decide.policy import RestartPolicy
+from vllm_supervisor.config import Config, DriftConfig, UnitConfig
 from vllm_supervisor.decide.port_evidence import PortEvidence, port_of
 from vllm_supervisor.environment.ports import (
     HIDDEN_UID,
@@ -48,6 +46,7 @@ from vllm_supervisor.environment.ports import (
     unit_of_cgroup,
     with_unit_uid,
 )
+from vllm_supervisor.environment.preflight import Status, check_port
 from vllm_supervisor.environment.socket_cgroups import (
     cgroup_path,
     cgroup_pids,
@@ -58,12 +57,15 @@ from vllm_supervisor.environment.userns import IdMap, parse_uid_map
 from vllm_supervisor.errors import SystemdError
 from vllm_supervisor.model import (
     Action,
+    Ended,
     Ending,
+    Invocation,
     JournalEntry,
     LifecycleEvent,
     Outcome,
     Severity,
 )
+from vllm_supervisor.pipeline import Pipeline
 
 UNIT = "vllm.service"
 OVERFLOW_UID = 65534
@@ -122,10 +124,8 @@ def listening4() -> Iterator[Listening]:
     yield from _listen("4")
 
 
-def _crash(
-    *, started_s_ago: float, ended_s_ago: float = 0.5, invocation: str = "1" * 32
-) -> Outcome:
-    """The real port-in-use crash of vLLM 0.33 (corpus 206), as the pipeline decides it."""
+def _crash(*, started_s_ago: float, ended_s_ago: float = 0.5, invocation: str = "1" * 32) -> Ended:
+    """The real port-in-use crash of vLLM 0.33 (corpus 206), read as the pipeline reads it."""
     label = label_of("206-real-vllm-port-in-use.log")
     now_us = int(time.time() * 1e6)
     inv = dataclasses.replace(
@@ -133,11 +133,32 @@ def _crash(
         started_us=now_us - int(started_s_ago * 1e6),
         ended_us=now_us - int(ended_s_ago * 1e6),
     )
-    verdict, phase = judge(Classifier(load_signature_table()), inv)
-    assert verdict.signature == "port_in_use" and verdict.severity is Severity.TRANSIENT
-    return Outcome(
-        invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
-    )
+    ended = _read(inv)
+    assert ended.reading.signature == "port_in_use"
+    assert ended.reading.severity is Severity.TRANSIENT
+    return ended
+
+
+def _read(inv: Invocation) -> Ended:
+    reading, facts = Classifier(load_signature_table()).examine(inv)
+    return Ended(invocation=inv, reading=reading, facts=facts)
+
+
+def _pipeline(config: Config) -> Pipeline:
+    return Pipeline(dataclasses.replace(config, drift=DriftConfig(good_start_s=GOOD_START_S)),
+                    load_signature_table())  # fmt: skip
+
+
+async def _decided(hook: PortEvidence, ended: Ended) -> Outcome:
+    """Decided as the daemon decides it: the hook's evidence first, then the one decide."""
+    pipeline = _pipeline(hook.config)
+    return pipeline.decide(ended, await hook.evidence(ended, pipeline.evidence(ended)))
+
+
+def _without_evidence(ended: Ended, config: Config) -> Outcome:
+    """Decided with no port evidence at all."""
+    pipeline = _pipeline(config)
+    return pipeline.decide(ended, pipeline.evidence(ended))
 
 
 def _as_the_sandbox_sees_it(port: int) -> list[Holder]:
@@ -379,7 +400,7 @@ class TestPortEvidence:
     ) -> None:
         """The holder was there before the server started: no restart can bind the port."""
         hook = PortEvidence(_config(listening.port))
-        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        outcome = await _decided(hook, _crash(started_s_ago=0.1))
         assert (outcome.decision.action, outcome.decision.rule) == (Action.HALT, "port_held")
         assert outcome.verdict.severity is Severity.FATAL
         assert f"PID {listening.process.pid}" in outcome.decision.reason
@@ -391,10 +412,10 @@ class TestPortEvidence:
         """A holder that came after the start (a person's test run?) may be gone at the next
         start: named, restarted; still there at the next crash: halted."""
         hook = PortEvidence(_config(listening.port))
-        first = await hook.outcome(_crash(started_s_ago=3600))
+        first = await _decided(hook, _crash(started_s_ago=3600))
         assert first.decision.action is Action.ALLOW_RESTART
         assert any("halted if it still holds it" in n for n in first.verdict.notes)
-        second = await hook.outcome(_crash(started_s_ago=3600, invocation="2" * 32))
+        second = await _decided(hook, _crash(started_s_ago=3600, invocation="2" * 32))
         assert (second.decision.action, second.decision.rule) == (Action.HALT, "port_held")
 
     async def test_an_invisible_holder_seen_at_the_start_halts_the_first_crash(
@@ -410,7 +431,7 @@ class TestPortEvidence:
 
         hook = PortEvidence(_config(listening.port), find=invisible)
         hook.entries([_starting("3" * 32)])
-        outcome = await hook.outcome(_crash(started_s_ago=3600, invocation="3" * 32))
+        outcome = await _decided(hook, _crash(started_s_ago=3600, invocation="3" * 32))
         assert (outcome.decision.action, outcome.decision.rule) == (Action.HALT, "port_held")
         assert "its PID is not visible to this daemon" in outcome.decision.reason
         assert outcome.verdict.confidence == "medium"
@@ -433,7 +454,7 @@ class TestPortEvidence:
             unit_uid=systemd_says,
             ids=SANDBOX,
         )
-        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        outcome = await _decided(hook, _crash(started_s_ago=0.1))
         assert (outcome.decision.action, outcome.decision.rule) == (Action.HALT, "port_held")
         assert seen == ["blocker.service"]
         named = f"a process of blocker.service (PIDs {listening.process.pid}; uid 991)"
@@ -455,7 +476,7 @@ class TestPortEvidence:
             unit_uid=systemd_fails,
             ids=SANDBOX,
         )
-        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        outcome = await _decided(hook, _crash(started_s_ago=0.1))
         assert outcome.decision.action is Action.HALT
         assert f"blocker.service (PIDs {listening.process.pid}; {HIDDEN_UID})" in (
             outcome.decision.reason
@@ -465,18 +486,18 @@ class TestPortEvidence:
     async def test_a_free_port_and_a_late_crash_change_nothing(self, listening: Listening) -> None:
         """No holder now: a restart can bind (noted). A crash read late: history, untouched."""
         crash = _crash(started_s_ago=0.1)
-        free = await PortEvidence(
-            _config(listening.port + 1 if listening.port < 65535 else 1)
-        ).outcome(crash)
-        assert free.decision == crash.decision
+        config = _config(listening.port + 1 if listening.port < 65535 else 1)
+        free = await _decided(PortEvidence(config), crash)
+        assert free.decision == _without_evidence(crash, config).decision
         assert any("not held by another process now" in n for n in free.verdict.notes)
         late = _crash(started_s_ago=7200, ended_s_ago=3600)
-        assert await PortEvidence(_config(listening.port)).outcome(late) == late
+        config = _config(listening.port)
+        assert await _decided(PortEvidence(config), late) == _without_evidence(late, config)
 
     async def test_dry_run_reports_the_halt(self, listening: Listening) -> None:
         """A dry-run unit: the same judgement, marked, nothing to stop."""
         hook = PortEvidence(_config(listening.port, dry_run=True))
-        outcome = await hook.outcome(_crash(started_s_ago=0.1))
+        outcome = await _decided(hook, _crash(started_s_ago=0.1))
         assert outcome.decision.dry_run
         assert outcome.decision.reason.startswith("dry run, would halt: fatal: port")
 
@@ -587,13 +608,9 @@ class TestPortEvidenceLeavesOthersAlone:
     )
     async def test_no_halt(self, listening: Listening, change: dict[str, object]) -> None:
         crash = _crash(started_s_ago=0.1)
-        inv = dataclasses.replace(crash.invocation, **change)  # type: ignore[arg-type]
-        verdict, phase = judge(Classifier(load_signature_table()), inv)
-        outcome = Outcome(
-            invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
-        )
+        ended = _read(dataclasses.replace(crash.invocation, **change))  # type: ignore[arg-type]
         hook = PortEvidence(_config(listening.port), machine_id="a" * 32)
-        assert await hook.outcome(outcome) == outcome
+        assert await _decided(hook, ended) == _without_evidence(ended, hook.config)
 
     async def test_a_warning_about_the_port_is_no_bind_failure(self, listening: Listening) -> None:
         """`WARNING ... Port N is already in use, trying N+1`, then an unrelated exit: the
@@ -608,17 +625,14 @@ class TestPortEvidenceLeavesOthersAlone:
             started_us=now_us - 100_000,
             ended_us=now_us - 10_000,
         )
-        verdict, phase = judge(Classifier(load_signature_table()), inv)
-        outcome = Outcome(
-            invocation=inv, verdict=verdict, decision=RestartPolicy().decide(inv, verdict, phase)
-        )
-        assert (await PortEvidence(_config(listening.port)).outcome(outcome)).decision == (
-            outcome.decision
+        ended, config = _read(inv), _config(listening.port)
+        assert (await _decided(PortEvidence(config), ended)).decision == (
+            _without_evidence(ended, config).decision
         )
 
     async def test_halt_inferred_off_makes_it_a_note(self, listening: Listening) -> None:
         """`halt_inferred = false`: the holder is named, the unit restarts."""
         config = Config(units=(UnitConfig(name=UNIT, port=listening.port, halt_inferred=False),))
-        outcome = await PortEvidence(config).outcome(_crash(started_s_ago=0.1))
+        outcome = await _decided(PortEvidence(config), _crash(started_s_ago=0.1))
         assert outcome.decision.action is Action.ALLOW_RESTART
         assert any("there before this start" in n for n in outcome.verdict.notes)

@@ -7,28 +7,28 @@ import json
 import platform
 import socket
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fakevenv import Venvs, session_venvs
 
+from vllm_supervisor.actions.preflight import QUARANTINED, run_preflight
 from vllm_supervisor.actions.quarantine import Quarantine
-from vllm_supervisor.classify.signatures import load_signature_table
-from vllm_supervisor.commands.preflight import (
-    DEFAULT_FAMILIES,
-    EXIT_FAILED,
-    EXIT_OK,
-    PreflightReport,
-    Status,
-    _identities,
-    check_families,
-    preflight_main,
-    run_preflight,
-)
+from vllm_supervisor.classify.identities import identities
+from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
+from vllm_supervisor.commands.preflight import EXIT_FAILED, EXIT_OK, preflight_main
 from vllm_supervisor.environment.execstart import serving_port
 from vllm_supervisor.environment.log import EnvironmentLog
+from vllm_supervisor.environment.ports import PORT_SIGNATURES
+from vllm_supervisor.environment.preflight import (
+    PROBE_FAILED,
+    REQUIREMENT_SIGNATURE,
+    PreflightReport,
+    Status,
+    check_families,
+)
+from vllm_supervisor.environment.requirements import DEFAULT_FAMILIES
 from vllm_supervisor.environment.snapshot import EnvSnapshot
 from vllm_supervisor.store import Store
 
@@ -48,22 +48,15 @@ def held_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-@dataclass(frozen=True)
-class FakeSignature:
-    """An entry shaped like supervisor.classify.signatures.Signature."""
-
-    id: str
-    title: str
-    remediation: str | None
-    severity: str = "fatal"
-
-    def render_remediation(self, captures: Mapping[str, str]) -> str | None:
-        return None if self.remediation is None else self.remediation.format_map(captures)
-
-
-@dataclass(frozen=True)
-class FakeTable:
-    signatures: tuple[FakeSignature, ...]
+def table_of(directory: Path, signature_id: str, title: str, remediation: str) -> SignatureTable:
+    """A signature table of one entry (its pattern captures `cubin`), written and loaded."""
+    path = directory / "own.toml"
+    path.write_text(
+        f'[[signature]]\nid = "{signature_id}"\ntitle = "{title}"\nseverity = "fatal"\n'
+        f"patterns = ['{signature_id} (?P<cubin>\\S+)']\nremediation = \"{remediation}\"\n",
+        encoding="utf-8",
+    )
+    return load_signature_table([path])
 
 
 def preflight(python: Path | None, **kwargs: object) -> PreflightReport:
@@ -119,10 +112,10 @@ class TestPackages:
         assert report.ok
         assert [r.status for r in report.results if r.check == "interpreter"] == [Status.SKIPPED]
 
-    def test_table_entry_wins_over_builtin(self, venvs: Venvs) -> None:
+    def test_table_entry_wins_over_builtin(self, venvs: Venvs, tmp_path: Path) -> None:
         """With the id in the table, its title and rendered remediation are reported."""
-        table = FakeTable(
-            (FakeSignature("flashinfer_cubin_mismatch", "cubin mismatch", "pin cubin {cubin}"),)
+        table = table_of(
+            tmp_path, "flashinfer_cubin_mismatch", "cubin mismatch", "pin cubin {cubin}"
         )
         report = preflight(venvs["upgraded"], table=table)
         failed = next(r for r in report.results if r.status is Status.FAILED)
@@ -177,9 +170,7 @@ class TestQuarantine:
 class TestMain:
     def test_exit_status_and_text(self, venvs: Venvs, tmp_path: Path) -> None:
         """A failure exits 1 and prints `FAIL <id>: <title>`, the detail, then the remediation."""
-        table = FakeTable(
-            (FakeSignature("flashinfer_cubin_mismatch", "cubin differs", "pin {cubin}"),)
-        )
+        table = table_of(tmp_path, "flashinfer_cubin_mismatch", "cubin differs", "pin {cubin}")
         out = io.StringIO()
         status = preflight_main(
             UNIT,
@@ -283,7 +274,29 @@ def test_family_signatures_are_in_the_shipped_table() -> None:
 )
 def test_check_families(versions: dict[str, str], expected: list[str]) -> None:
     """Each family fails with its own signature when its installed members differ."""
-    lookup = _identities(None)
+    lookup = identities(None)
     results = list(check_families(versions, DEFAULT_FAMILIES, lookup))
     found = [r.identity.signature for r in results if r.status is Status.FAILED and r.identity]
     assert found == expected
+
+
+def test_every_id_a_check_looks_up_is_in_the_shipped_table() -> None:
+    """The ids preflight reports in the table's words are all there (so a failure says what its
+    crash would), and the two it names itself, not being crashes, are not."""
+    ids = {s.id for s in load_signature_table().signatures}
+    looked_up = {*(f.signature for f in DEFAULT_FAMILIES), REQUIREMENT_SIGNATURE, *PORT_SIGNATURES}
+    assert looked_up - ids == set()
+    assert {PROBE_FAILED.signature, QUARANTINED.signature} & ids == set()
+
+
+def test_without_a_table_a_failure_says_what_the_crash_would(held_port: int) -> None:
+    """A table that did not load (None) leaves the shipped table's words, the crash's own."""
+    shipped = load_signature_table().get("port_in_use")
+    assert shipped is not None
+    report = preflight(None, port=held_port, table=None)
+    failed = next(r for r in report.results if r.status is Status.FAILED)
+    assert failed.identity is not None
+    assert (failed.identity.title, failed.identity.severity) == (
+        shipped.title,
+        shipped.severity.value,
+    )

@@ -23,6 +23,7 @@ from vllm_supervisor.journal.reader import (
     NATIVE_READER,
     JournalctlReader,
     ReaderSettings,
+    catch_up_argv,
     journalctl_argv,
     native_argv,
     native_input,
@@ -68,6 +69,18 @@ class TestCommandLine:
         once = journalctl_argv(ReaderSettings(units=(UNIT,), follow=False), None)
         assert f"--unit={UNIT}" not in follow
         assert f"--unit={UNIT}" in once
+
+    def test_a_catch_up_matches_the_units_fields_through_the_index(self) -> None:
+        """Catching up, journalctl gets the units' three fields as matches, ORed with `+`,
+        reads once (no --follow) from the inclusive cursor, every field."""
+        argv = catch_up_argv(ReaderSettings(units=(UNIT, "b.service")), "s=1;i=2")
+        assert argv[-8:] == [
+            f"_SYSTEMD_UNIT={UNIT}", "_SYSTEMD_UNIT=b.service", "+",
+            f"UNIT={UNIT}", "UNIT=b.service", "+",
+            f"OBJECT_SYSTEMD_UNIT={UNIT}", "OBJECT_SYSTEMD_UNIT=b.service",
+        ]  # fmt: skip
+        assert "--cursor=s=1;i=2" in argv
+        assert not any(a.startswith(("--follow", "--unit", "--output-fields")) for a in argv)
 
     @pytest.mark.parametrize(("start", "flag"), [("tail", "--lines=0"), ("head", "--no-tail")])
     def test_start_position_without_cursor(self, start: str, flag: str) -> None:
@@ -186,7 +199,9 @@ class TestRealJournal:
         task = asyncio.create_task(_collect(reader, stop, 900, got))
         await asyncio.wait_for(reader.following.wait(), 20)
         await poll(lambda: len(got) >= 300, within=20, each=writer.nudge)
-        # Kill the child mid-stream (our own child, by PID), then write more while it is down.
+        # Kill the following child mid-stream (our own child, by PID; not one of journalctl's
+        # catch-up runs before it), then write more while it is down.
+        await poll(lambda: reader._process is not None and "--follow" in reader._argv)
         assert reader._process is not None
         os.kill(reader._process.pid, signal.SIGKILL)
         writer.write(service_lines(UNIT, inv, _lines("middle", 300)))

@@ -81,7 +81,8 @@ class TestShippedConfig:
                 | {k.encode(): str(v).encode() for k, v in fields.items()}
                 for i, fields in enumerate(crashed_invocation(unit, [crash]))
             ]
-            [outcome] = pipeline.feed(decode_all(raw)) + pipeline.flush_due(1 << 62)
+            ended = pipeline.feed(decode_all(raw)) + pipeline.flush_due(1 << 62)
+            [outcome] = pipeline.decide_all(ended)
             outcomes[unit] = outcome
         assert outcomes["vllm.service"].verdict.signature == "flashinfer_cubin_mismatch"
         assert not outcomes["vllm.service"].decision.dry_run

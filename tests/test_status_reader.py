@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,9 @@ def status(config: Path, *args: str) -> tuple[int, str]:
 
 
 def test_a_reader_that_keeps_failing_is_an_error_in_status(tmp_path: Path) -> None:
-    """Exit 3; the restarts counted from /metrics in JSON and in a problem line; the child's
-    own message logged as an error by the daemon."""
+    """Exit 3; the restarts counted from /metrics in JSON and in a problem line; the failed
+    starts in a row a gauge of /metrics; the child's own message logged as an error by the
+    daemon."""
     config = write_config(tmp_path)
     port = free_port()
     config.write_text(config.read_text().replace("127.0.0.1:0", f"127.0.0.1:{port}"))
@@ -53,13 +55,30 @@ def test_a_reader_that_keeps_failing_is_an_error_in_status(tmp_path: Path) -> No
             return (report.get("daemon", {}).get("reader_restarts") or 0) >= 3
 
         wait_for(failing, timeout=60, what="three reader restarts")
-        code, text = status(config)
+        said: list[tuple[int, str]] = []
+
+        def down() -> bool:
+            # Each restart announces "following" from its spawn until the child exits: a
+            # status read in those milliseconds sees a healthy daemon (the next one does not).
+            said.append(status(config))
+            return said[-1][0] == EXIT_DAEMON_DOWN
+
+        wait_for(down, timeout=30, what="status saying the daemon is down")
+        code, text = said[-1]
+        exposition = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
     finally:
         sup.stop_quietly()
     assert report["daemon"]["health"]["following"] is False
     assert code == EXIT_DAEMON_DOWN
     assert "problem:   the journal reader keeps failing: restarted" in text
     assert "vllm_supervisor_journal_source_restarts_total" in text
+    # A gauge an alert can use: how many starts in a row failed (0 once entries come).
+    failures = [
+        float(line.split()[-1])
+        for line in exposition.decode().splitlines()
+        if line.startswith("vllm_supervisor_journal_reader_failures ")
+    ]
+    assert failures and failures[0] >= 3
     log = "".join(path.read_text() for path in sup.logs)
     errors = [
         json.loads(line)

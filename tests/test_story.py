@@ -16,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from notify_fakes import make_outcome
 
+from vllm_supervisor.actions.preflight import run_preflight
 from vllm_supervisor.actions.quarantine import Quarantine
-from vllm_supervisor.cli import _history_text
-from vllm_supervisor.commands.preflight import run_preflight
+from vllm_supervisor.commands.history import _history_text
 from vllm_supervisor.commands.triage import render_text
 from vllm_supervisor.journal.writer import JournalWriter
 from vllm_supervisor.model import Action, Outcome, Severity, Taken
@@ -41,7 +41,7 @@ def test_triage_of_an_empty_input_says_so_and_exits_2(tmp_path: Path) -> None:
     empty.write_text("", encoding="utf-8")
     done = cli("triage", empty)
     assert done.returncode == 2, done
-    assert "no journal entries" in done.stderr
+    assert done.stderr == f"vllm-supervisor: triage: {empty}: no journal entries\n", done.stderr
     assert "No crash found" not in done.stdout + done.stderr
 
 

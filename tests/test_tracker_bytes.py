@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from vllm_supervisor.track.tracker import InvocationTracker, line_cost
 
 UNIT = "vllm.service"
 KIB = 1024
+CORPUS = Path(__file__).parent / "data" / "corpus"
 _cursors: Iterator[int] = itertools.count()
 
 
@@ -134,6 +136,41 @@ class TestByteBudget:
         finally:
             tracemalloc.stop()
         assert held <= 8 * caps.max_invocation_bytes * 1.25, held
+
+    def test_an_open_run_of_long_lines_holds_half_a_megabyte_by_default(self) -> None:
+        """The worst case of one unit with the default caps: a run still open, every line a
+        16 KiB error line, holds at most ~0.5 MB (before: 1 MiB budgets, ~1.1 MB)."""
+        tracker = InvocationTracker(TrackerConfig())
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for n in range(2700):
+                tracker.feed(line(error_line(n, 16 * KIB), priority=3))
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert held <= 0.55e6, held
+
+    def test_eight_ranks_longest_real_tracebacks_survive_a_flood_by_default(self) -> None:
+        """The longest traceback of the corpus (a real vLLM 0.33 run), printed by 8 ranks at
+        once after another process flooded 16 KiB error lines: the default budget keeps every
+        rank's traceback whole, down to its exception line."""
+        log = CORPUS / "212-real-vllm-corrupt-safetensors.log"
+        lines = log.read_text(encoding="utf-8").splitlines()
+        start = max(i for i, text in enumerate(lines) if text.startswith("Traceback"))
+        traceback = lines[start:]
+        assert len(traceback) >= 50
+        flood = [line(error_line(n, 16 * KIB), pid=30, priority=3) for n in range(2700)]
+        ranks = [
+            line(f"(Worker_TP{rank} pid={40 + rank}) {text}", pid=40 + rank)
+            for text in traceback
+            for rank in range(8)
+        ]
+        (crash,) = run(InvocationTracker(TrackerConfig()), [*flood, *ranks, *end()])
+        kept = [x.text for x in crash.lines]
+        for rank in range(8):
+            mine = [t for t in kept if t.startswith(f"(Worker_TP{rank} ")]
+            assert mine == [f"(Worker_TP{rank} pid={40 + rank}) {text}" for text in traceback]
 
     def test_lines_within_the_caps_are_all_kept(self) -> None:
         """An ordinary crash (short lines, under every cap) keeps every line: the budget only

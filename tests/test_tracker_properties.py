@@ -198,7 +198,8 @@ class TestPipelineIsTotal:
         config = Config(units=tuple(UnitConfig(name=u) for u in UNITS), tracker=CAPS)
         pipeline = Pipeline(config, self.TABLE)
         entries, _ = _entries(specs)
-        outcomes = pipeline.feed(entries) + pipeline.flush_due(1 << 62) + pipeline.finish()
+        ended = pipeline.feed(entries) + pipeline.flush_due(1 << 62) + pipeline.finish()
+        outcomes = pipeline.decide_all(ended)
         assert pipeline.skipped_entries == 0
         named = Counter(
             (o.invocation.host, o.invocation.unit, o.invocation.invocation_id)

@@ -3,4 +3,69 @@
 `presence` judges whether an ended invocation is the present one (pure); `halt` quarantines and
 stops a unit; `actor` carries out a decision after asking systemd, with dry-run honoured here
 and nowhere else.
+
+`__all__` is what the commands (`supervisor/commands/`) may use of this stage; the rest is
+its own (tests/test_import_graph.py checks it).
 """
+
+from typing import TYPE_CHECKING
+
+from ..util.lazy import exports
+
+if TYPE_CHECKING:
+    from .comeback import SupervisorUnit, ask_about, coming_back
+    from .evidence import changed, still_holds
+    from .gatekeeper import Reply, ask, socket_path
+    from .preflight import run_preflight
+    from .quarantine import (
+        DEFAULT_DIRS,
+        Quarantine,
+        quarantine_dir,
+        quarantine_dirs,
+        quarantine_records,
+    )
+    from .systemd import SystemdClient, ask_once
+    from .unitnames import real_name
+
+__all__ = [
+    "DEFAULT_DIRS",
+    "Quarantine",
+    "Reply",
+    "SupervisorUnit",
+    "SystemdClient",
+    "ask",
+    "ask_about",
+    "ask_once",
+    "changed",
+    "coming_back",
+    "quarantine_dir",
+    "quarantine_dirs",
+    "quarantine_records",
+    "real_name",
+    "run_preflight",
+    "socket_path",
+    "still_holds",
+]
+
+__getattr__ = exports(
+    __name__,
+    {
+        "DEFAULT_DIRS": "quarantine",
+        "Quarantine": "quarantine",
+        "Reply": "gatekeeper",
+        "SupervisorUnit": "comeback",
+        "SystemdClient": "systemd",
+        "ask": "gatekeeper",
+        "ask_about": "comeback",
+        "ask_once": "systemd",
+        "changed": "evidence",
+        "coming_back": "comeback",
+        "quarantine_dir": "quarantine",
+        "quarantine_dirs": "quarantine",
+        "quarantine_records": "quarantine",
+        "real_name": "unitnames",
+        "run_preflight": "preflight",
+        "socket_path": "gatekeeper",
+        "still_holds": "evidence",
+    },
+)

@@ -42,7 +42,19 @@ from types import MappingProxyType
 
 from ..engines.profiles import Engines, follow
 from ..environment.serving import is_serving_line
-from ..model import EMPTY, Ending, Invocation, LogLine, Severity, Verdict
+from ..model import (
+    EMPTY,
+    ENDINGS,
+    NO_FACTS,
+    Basis,
+    CauseFacts,
+    Confidence,
+    Ending,
+    Invocation,
+    LogLine,
+    Severity,
+    Verdict,
+)
 from .fingerprint import fingerprint
 from .lexicon import CAUSE_READINGS, Lexicon, Reads, default_lexicon
 from .logline import (
@@ -69,12 +81,12 @@ _TIER_CAUSE, _TIER_EXCEPTION, _TIER_ERROR, _TIER_WARNING, _TIER_WRAPPER, _TIER_C
 )  # fmt: skip
 DEFAULT_CAUSE_WINDOW_S = 120.0
 _CONFIDENCE = {
-    _TIER_CAUSE: "high",
-    _TIER_EXCEPTION: "medium",
-    _TIER_ERROR: "medium",
-    _TIER_WARNING: "low",
-    _TIER_WRAPPER: "low",
-    _TIER_CONTEXT: "low",
+    _TIER_CAUSE: Confidence.HIGH,
+    _TIER_EXCEPTION: Confidence.MEDIUM,
+    _TIER_ERROR: Confidence.MEDIUM,
+    _TIER_WARNING: Confidence.LOW,
+    _TIER_WRAPPER: Confidence.LOW,
+    _TIER_CONTEXT: Confidence.LOW,
 }
 _MATCHED_ROLES = frozenset({Role.MESSAGE, Role.HEADER, Role.EXCEPTION, Role.DETAIL})
 _ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
@@ -93,23 +105,6 @@ _CODE_LIKE = re.compile(r"\s+(?:raise |return |assert |await |yield |self\.|\w+ 
 # paths are the engine files' model_paths and server_paths.
 _SERVER_PATHS: tuple[str, ...]
 _MODEL_PATHS: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CauseFacts:
-    """What the root cause's line and traceback say beside its text, for determinism.assess."""
-
-    # The text whose wording counts: the cause a wrapper carries; None: the verdict's own.
-    words: str | None = None
-    # The class it names: its exception line, a carried cause's, or a raise statement's.
-    exception: str | None = None
-    frame: str | None = None  # the innermost frame of its traceback: where it was raised
-    raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
-    pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
-    guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count
-
-
-NO_FACTS = CauseFacts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +171,7 @@ class Classifier:
         """`classify_invocation`'s verdict and what its root cause's traceback says beside it
         (the class, the raise site: determinism.judge weighs them)."""
         ending = invocation.ending
-        if ending in _NOT_A_RUN:
+        if not ENDINGS[ending].ran:
             return _not_a_run(ending), NO_FACTS
         context_before = None
         if invocation.served_us is not None and invocation.ended_us is not None:
@@ -219,7 +214,7 @@ class Classifier:
         severity = signature.serving_severity if served else signature.startup_severity
         if severity is None or severity is verdict.severity:
             return verdict
-        if severity is Severity.FATAL and verdict.confidence == "low":
+        if severity is Severity.FATAL and verdict.confidence is Confidence.LOW:
             return verdict  # a weak line (a warning, a wrapper) is never made fatal
         if severity is Severity.UNKNOWN:
             # The table knows the crash and says its kind does not tell in this phase: no
@@ -228,8 +223,8 @@ class Classifier:
             return dataclasses.replace(
                 verdict,
                 severity=severity,
-                basis="signature",
-                confidence="medium",
+                basis=Basis.SIGNATURE,
+                confidence=Confidence.MEDIUM,
                 severity_reason=f"unknown (signature {signature.id}): {signature.title} "
                 f"{phase}: it may or may not recur; halted only when the same crash repeats",
             )
@@ -639,9 +634,6 @@ def _no_cause(ann: Annotated, crashed_blocks: list[TracebackBlock]) -> Verdict:
     )
 
 
-_NOT_A_RUN = frozenset({Ending.SKIPPED, Ending.GATE_STOPPED, Ending.START_LIMIT})
-
-
 def _not_a_run(ending: Ending) -> Verdict:
     """The verdict of a start that never ran the server."""
     title, note = {
@@ -724,7 +716,7 @@ def _failed_without_cause(
         title=title,
         root_cause=cause,
         crashed=True,
-        confidence="low",
+        confidence=Confidence.LOW,
         fingerprint=verdict.fingerprint or (fingerprint(cause) if cause else None),
         notes=(*verdict.notes, note),
     )

@@ -23,8 +23,14 @@ in a crash no signature knows, each piece named in the verdict's `severity_reaso
 - *the raise statement*: a traceback cut before its exception line still shows, in its
   innermost frame, the `raise ValueError("...")` that raised it (the classifier makes that
   line the cause; its class and words count as an exception line's).
-- *how it ended*: the main process killed by SIGKILL, SIGTERM or the OOM killer was killed
-  from outside; nothing in the start itself says that happens again.
+- *how it ended*: the main process killed by SIGKILL or SIGTERM (`code=killed`, no stop job)
+  was killed from outside, by a person or an orchestrator; nothing in the start itself says
+  that happens again, and such a kill is never halted however often it repeats. systemd's
+  OOM-kill message (MESSAGE_ID fe6faa94...) says more: the unit's memory ran out. After
+  serving that is the load's doing (transient); before the server ever served it is the
+  model's load meeting the same limit, memory short while loading as "out of memory" is, but
+  only by the ending: it leans fatal, so the same kill after about the same time on the next
+  start halts.
 - *drift*: a change in the served environment since the last good start.
 - *repetition* is the policy's (supervisor.decide.policy): the same fingerprint ending
   consecutive starts, each after about the same time.
@@ -53,8 +59,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..model import Invocation, Severity, Verdict
-from .classifier import NO_FACTS, CauseFacts
+from ..model import NO_FACTS, Basis, CauseFacts, Confidence, Invocation, Severity, Verdict
+from ..model import Phase as Phase  # the phase is the model's (one rule of "served")
+from ..model import phase_of as phase_of
 from .lexicon import Clue, Lexicon, Reads, Strength, default_lexicon, strongest
 
 if TYPE_CHECKING:
@@ -68,50 +75,32 @@ _USAGE = re.compile(
 )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Phase:
-    """How far the invocation got before it ended."""
-
-    served: bool
-    ran_s: float | None = None  # from its first entry to its end
-    serving_s: float | None = None  # from its first serving line to its end, when known
-    start_seen: bool = True  # False: read from the journal's middle, its start unknown
-
-    def describe(self) -> str:
-        """In words: before the server ever served, or after serving for how long."""
-        if not self.served:
-            return "before the server ever served"
-        if self.serving_s is not None:
-            return f"after serving for {_duration(self.serving_s)}"
-        return "after serving"
-
-
-def phase_of(invocation: Invocation, good_start_s: float, hint: str | None = None) -> Phase:
-    """Served: it logged that it serves (requests included), it ran at least `good_start_s`,
-    or, with nothing in the journal either way, the crash's frames are request handling."""
-    ran = invocation.ran_s
-    serving_s = None
-    if invocation.served_us is not None and invocation.ended_us is not None:
-        serving_s = max(0.0, (invocation.ended_us - invocation.served_us) / 1e6)
-    served = invocation.served or (ran is not None and ran >= good_start_s)
-    if not served and hint == "serving":
-        served = True
-    return Phase(served=served, ran_s=ran, serving_s=serving_s, start_seen=invocation.start_seen)
-
-
 def judge(
     classifier: Classifier, invocation: Invocation, good_start_s: float, drift: Sequence[str] = ()
 ) -> tuple[Verdict, Phase]:
-    """The whole judgement of an ended invocation, as the pipeline makes it: the classifier's
-    verdict, the phase, the signature's severity for that phase, then `assess`."""
-    verdict, facts = classifier.examine(invocation)
-    phase = phase_of(invocation, good_start_s, verdict.phase_hint)
+    """The whole judgement of an ended invocation from its lines: the classifier's reading,
+    the phase, then `verdict_of` (the pipeline runs the same steps, the evidence between)."""
+    reading, facts = classifier.examine(invocation)
+    phase = phase_of(invocation, good_start_s, reading.phase_hint)
+    return verdict_of(classifier, reading, facts, invocation, phase, drift), phase
+
+
+def verdict_of(
+    classifier: Classifier,
+    reading: Verdict,
+    facts: CauseFacts,
+    invocation: Invocation,
+    phase: Phase,
+    drift: Sequence[str] = (),
+) -> Verdict:
+    """The verdict of a reading of the lines (`Classifier.examine`): the signature's severity
+    for the phase, then `assess`."""
     # A start not read counts as served for a signature's phase severity: a startup-only
     # "fatal" is for a crash known to be one of startup.
-    verdict = classifier.for_the_phase(verdict, served=phase.served or not phase.start_seen)
+    verdict = classifier.for_the_phase(reading, served=phase.served or not phase.start_seen)
     signature = classifier.table.get(verdict.signature) if verdict.signature else None
     catch_all = signature is not None and signature.kind == "cause" and signature.priority < 0
-    verdict = assess(
+    return assess(
         verdict,
         invocation,
         phase,
@@ -120,7 +109,6 @@ def judge(
         lexicon=classifier.lexicon,
         catch_all=catch_all,
     )
-    return verdict, phase
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +143,7 @@ def weigh(
     facts: CauseFacts = NO_FACTS,
     lexicon: Lexicon | None = None,
     invocation: Invocation | None = None,
+    phase: Phase | None = None,
 ) -> Evidence:
     """The clues of the root cause's words, class and raise site, and of how the invocation
     ended, weighed against each other. A line that only points at a cause printed elsewhere
@@ -163,7 +152,7 @@ def weigh(
     lexicon = lexicon or default_lexicon()
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     clues: list[Clue] = []
-    if invocation is not None and (ended := _killed_from_outside(invocation)) is not None:
+    if invocation is not None and (ended := _killed(invocation, phase)) is not None:
         clues.append(ended)
     if not (facts.pointer or facts.guessed):
         words = (facts.words or cause)[:_MAX_CAUSE_CHARS]
@@ -187,12 +176,22 @@ def weigh(
 # The main process killed by SIGKILL or SIGTERM with no stop job (that is Ending.STOPPED): the
 # OOM killer, a person, an orchestrator. A crash inside dumps core or exits with a status.
 _OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM"}
+# Results for which systemd itself sent the signal (TimeoutStartSec=, WatchdogSec=): the same
+# start may take as long again, so the kill says nothing of a restart.
+_SYSTEMD_OWN_KILLS = frozenset({"timeout", "watchdog"})
 
 
-def _killed_from_outside(invocation: Invocation) -> Clue | None:
-    """How systemd says the invocation ended, when that was a kill from outside."""
+def _killed(invocation: Invocation, phase: Phase | None) -> Clue | None:
+    """How systemd says the invocation ended, when that was a kill: the OOM killer before the
+    server ever served (the load's memory peak, met again: leans deterministic), or any other
+    kill from outside (the OOM killer after serving, a person's or an orchestrator's signal)."""
+    if invocation.oom_killed and phase is not None and not phase.served and phase.start_seen:
+        said = "killed by the OOM killer before the server ever served"
+        return Clue("oom_kill_while_loading", Reads.DETERMINISTIC, Strength.WEAK, said, "ended")
     if invocation.oom_killed:
         said = "killed by the OOM killer"
+    elif invocation.result in _SYSTEMD_OWN_KILLS:
+        return None  # systemd's own kill of a start that took too long: not from outside
     elif invocation.exit_code == "killed" and invocation.exit_status in _OUTSIDE_SIGNALS:
         said = f"killed by {_OUTSIDE_SIGNALS[invocation.exit_status]}"
     else:
@@ -220,21 +219,21 @@ def assess(
     if catch_all and (overruled := _overruled(verdict, invocation, phase, facts, lexicon)):
         return overruled
     if verdict.severity is not Severity.UNKNOWN:
-        basis = "signature" if verdict.signature else "inferred"
-        reason = f"{verdict.severity.value} ({basis} {verdict.signature or ''}".rstrip()
+        basis = Basis.SIGNATURE if verdict.signature else Basis.INFERRED
+        reason = f"{verdict.severity.value} ({basis.value} {verdict.signature or ''}".rstrip()
         return dataclasses.replace(
             verdict,
             basis=basis,
-            confidence=verdict.confidence or "high",
+            confidence=verdict.confidence or Confidence.HIGH,
             severity_reason=f"{reason}): {verdict.title}, {phase.describe()}{changed}",
         )
     if not (invocation.failed or verdict.crashed) or verdict.from_context:
         return verdict
-    if verdict.basis == "signature":
+    if verdict.basis is Basis.SIGNATURE:
         return verdict  # the table's word for this phase: unknown (classify.for_the_phase)
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     kind = _exception_kind(cause) or (facts.exception if facts.raise_statement else None)
-    evidence = weigh(verdict, facts, lexicon, invocation)
+    evidence = weigh(verdict, facts, lexicon, invocation, phase)
     clues = f"; evidence: {evidence.describe()}"
     if not phase.served and not phase.start_seen:
         return _unknown(
@@ -242,7 +241,15 @@ def assess(
             f"unknown: {kind or 'a crash'} of a run whose start was not in the journal read "
             f"(how long it ran, and whether it served, are not known){clues}",
         )
-    if verdict.confidence == "low":
+    if verdict.confidence is Confidence.LOW:
+        if (killed := _killed_settles(evidence)) is not None:
+            return _inferred(
+                verdict,
+                Severity.TRANSIENT,
+                f"transient (inferred): {killed} {phase.describe()}, no stop job, and nothing "
+                f"in its own lines says why: systemd's record is the cause, and a restart does "
+                f"not meet someone else's signal again{clues}",
+            )
         if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
             return _inferred(
                 verdict,
@@ -308,11 +315,11 @@ def _overruled(
     lexicon: Lexicon | None,
 ) -> Verdict | None:
     """A catch-all signature's severity, when its line's evidence strongly says the other."""
-    if phase.served or not phase.start_seen or verdict.confidence == "low":
+    if phase.served or not phase.start_seen or verdict.confidence is Confidence.LOW:
         return None
     if verdict.severity not in (Severity.FATAL, Severity.TRANSIENT):
         return None
-    evidence = weigh(verdict, facts, lexicon, invocation)
+    evidence = weigh(verdict, facts, lexicon, invocation, phase)
     severity = evidence.leaning
     if not evidence.settles() or severity is None or severity is verdict.severity:
         return None
@@ -327,6 +334,16 @@ def _overruled(
 
 
 _STARTUP_WORDS = "its traceback runs through the start-up steps"
+
+
+def _killed_settles(evidence: Evidence) -> str | None:
+    """A start with no cause line whose main process systemd saw killed from outside (a
+    signal with no stop job, or the OOM killer after serving), with no clue the other way:
+    the kill is the cause the journal knows for sure. What systemd said; None otherwise."""
+    if evidence.conflict or evidence.reads is not Reads.INDETERMINATE:
+        return None
+    ended = [c for c in evidence.clues if c.kind == "ended" and c.reads is Reads.INDETERMINATE]
+    return ended[0].said if ended else None
 
 
 def _quiet_cause_settles(
@@ -396,15 +413,19 @@ def _repeats(phase: Phase) -> str:
 
 def _inferred(verdict: Verdict, severity: Severity, reason: str) -> Verdict:
     return dataclasses.replace(
-        verdict, severity=severity, basis="inferred", confidence="medium", severity_reason=reason
+        verdict,
+        severity=severity,
+        basis=Basis.INFERRED,
+        confidence=Confidence.MEDIUM,
+        severity_reason=reason,
     )
 
 
 def _unknown(verdict: Verdict, reason: str, leaning: Severity | None = None) -> Verdict:
     return dataclasses.replace(
         verdict,
-        basis="unknown",
-        confidence=verdict.confidence or "low",
+        basis=Basis.UNKNOWN,
+        confidence=verdict.confidence or Confidence.LOW,
         severity_reason=reason,
         leaning=leaning,
     )
@@ -420,12 +441,3 @@ def _exception_kind(text: str) -> str | None:
     if match is None:
         return None
     return match.group(1).rsplit(".", 1)[-1]
-
-
-def _duration(seconds: float) -> str:
-    minutes = int(seconds // 60)
-    if minutes < 1:
-        return f"{seconds:.0f} s"
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"

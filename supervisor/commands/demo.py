@@ -20,10 +20,12 @@ needed: the halt is recorded (quarantine) but no unit is stopped or restarted.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,9 +35,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ..actions.quarantine import quarantine_dir
+from ..actions import quarantine_dir
 from ..app import run_daemon
-from ..classify.table import load_table
+from ..classify import load_table
 from ..config import (
     Config,
     JournalConfig,
@@ -46,18 +48,13 @@ from ..config import (
     SystemdConfig,
     UnitConfig,
 )
-from ..environment.log import EnvironmentLog
+from ..environment import EnvironmentLog
 from ..errors import ConfigError, StateError, SupervisorError
-from ..journal.writer import (
-    FieldValue,
-    JournalWriter,
-    crashed_invocation,
-    lifecycle,
-    service_lines,
-)
+from ..journal import FieldValue, JournalWriter, crashed_invocation, lifecycle, service_lines
 from ..model import LifecycleEvent
 from ..store import Store
 from ..story import NO_ROOT_CAUSE, shown, told
+from ..telemetry.logs import configure_logging
 from .gate import gate_main
 from .preflight import preflight_main
 from .triage import triage
@@ -406,3 +403,11 @@ def _show_results(config: Config, endpoint: DemoEndpoint, python: Path) -> None:
     buffer = io.StringIO()
     triage(str(config.journal.directory), config=config, table=load_table(config), out=buffer)
     print(buffer.getvalue())
+
+
+def main(args: argparse.Namespace) -> int:
+    """`demo`: write the seed crash loop into a real journal and run the daemon on it."""
+    # The demo prints its own sections; between them only the daemon's warnings (a halt, a
+    # hung engine), as readable lines, not JSON.
+    configure_logging(level=os.environ.get("VLLM_SUPERVISOR_LOG_LEVEL", "warning"), json=False)
+    return run_demo(directory=args.directory, keep=args.keep)

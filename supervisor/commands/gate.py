@@ -19,6 +19,7 @@ supervisor must not take the server down.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -27,11 +28,22 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..actions.comeback import SupervisorUnit, ask_about, coming_back
-from ..actions.evidence import changed, still_holds
-from ..actions.gatekeeper import Reply, ask, socket_path
-from ..actions.quarantine import DEFAULT_DIRS, Quarantine, quarantine_dirs
-from ..config import SUPERVISOR_UNIT
+from ..actions import (
+    DEFAULT_DIRS,
+    Quarantine,
+    Reply,
+    SupervisorUnit,
+    ask,
+    ask_about,
+    changed,
+    coming_back,
+    quarantine_dirs,
+    socket_path,
+    still_holds,
+)
+from ..config import DEFAULT_RUNTIME_DIR, SUPERVISOR_UNIT, Config, load_config
+from ..errors import SupervisorError
+from .options import config_path
 
 EXIT_ALLOW = 0
 EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.service(5))
@@ -40,6 +52,33 @@ EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.serv
 RELEASE_NOTIFY_TIMEOUT_S = 2.0
 COMEBACK_POLL_S = 0.1  # how often a gate knocks while the supervisor comes back
 COMEBACK_LOOK_S = 1.0  # how often it asks systemd whether it still does
+
+
+def main(args: argparse.Namespace) -> int:
+    """`gate UNIT`: the ExecCondition check. It runs in the served unit, whose environment
+    (RUNTIME_DIRECTORY) is not the daemon's: the directories come from the config, and the
+    drop-in's `--runtime-dir`/`--state-dir` add places a record may be in, so one is found even
+    when the config does not load. That must not skip every start (exit 2 is "condition
+    failed" to systemd): the gate then says so in one line and goes on."""
+    try:
+        config = load_config(config_path(args))
+    except SupervisorError as exc:
+        print(f"{args.unit}: the supervisor's config does not load ({exc})", file=sys.stderr)
+        config = Config()
+    state = config.state
+    runtime_dir = state.runtime_dir
+    if runtime_dir == DEFAULT_RUNTIME_DIR and args.runtime_dir is not None:
+        runtime_dir = args.runtime_dir  # where the daemon's socket is, for a test's daemon
+    named = tuple(d for d in (args.runtime_dir, args.state_dir) if d is not None)
+    return gate_main(
+        args.unit,
+        runtime_dir,
+        state.state_dir,
+        wait_s=config.gate.wait_s,
+        defaults=(*named, *DEFAULT_DIRS),
+        supervisor_wait_s=config.gate.supervisor_restart_wait_s,
+        supervisor_unit=args.supervisor_unit,
+    )
 
 
 def gate_main(

@@ -15,6 +15,7 @@ so `--uninstall` removes only its own files.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -28,16 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from ..actions.systemd import SystemdClient, ask_once
-from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
-from ..environment.execstart import interpreter_from_exec_start, shebang_words
-from ..environment.reach import HIDING, environment_root, hidden_by
+from ..actions import SystemdClient, ask_once
+from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config, load_config
+from ..environment import (
+    HIDING,
+    environment_root,
+    hidden_by,
+    interpreter_from_exec_start,
+    shebang_words,
+)
 from ..errors import ConfigError, SupervisorError, SystemdError
 from ..util.safe_write import StagedFiles, read_regular, untrusted, unwritable
+from .options import INSTALLED_CONFIG
 
 MARKER = "# Written by `vllm-supervisor setup`; `vllm-supervisor setup --uninstall` removes it."
 DEPLOY = Path(__file__).resolve().parent.parent / "data" / "deploy"
-INSTALLED_CONFIG = Path("/etc/vllm-supervisor/supervisor.toml")
 DAEMON_UNIT = "vllm-supervisor.service"
 USER = "vllm-supervisor"
 DEFAULT_PROGRAM = "/usr/local/bin/vllm-supervisor"
@@ -610,4 +616,19 @@ def alias_note(alias: str, real: str) -> str:
         f"{alias} is an alias of {real}: the supervisor follows, gates and stops {real}"
         f" (its gate drop-in belongs in {real}.d/ and the polkit rule must name {real});"
         f" name {real} in [[unit]] to say what runs"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """`setup`: the supervisor's unit, user, drop-ins, polkit rule, catalog, man page and shell
+    completions, from the config."""
+    path = (args.config or INSTALLED_CONFIG).absolute()
+    config = load_config(path) if path.is_file() or not args.uninstall else load_config(None)
+    program = args.program or default_program()
+    if args.print:
+        return print_files(config, config_path=path, program=program, out=sys.stdout)
+    if args.uninstall:
+        return uninstall(config, purge=args.purge, out=sys.stdout)
+    return install(
+        config, config_path=path, program=program, start=not args.no_start, out=sys.stdout
     )

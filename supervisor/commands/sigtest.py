@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..classify.classifier import Classifier
-from ..classify.logline import parse_line
-from ..classify.signatures import SignatureTable
-from ..journal.saved import plain_text_invocation, read_file
+from ..classify import Classifier, SignatureTable, parse_line
+from ..journal import plain_text_invocation, read_file
 from ..model import LogLine
 from ..util.text import for_terminal, visible
 

@@ -13,12 +13,12 @@ is not running or not healthy (and nothing is halted).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
-import fcntl
 import json
 import math
-import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,15 +26,15 @@ from typing import Any, TextIO
 
 import httpx
 
-from ..actions.quarantine import quarantine_records
-from ..actions.systemd import SystemdClient, ask_once
-from ..app import LOCK_NAME
+from ..actions import SystemdClient, ask_once, quarantine_records, real_name
 from ..config import SUPERVISOR_UNIT, Config, parse_listen
-from ..environment.ports import PROC, Holder, holders
+from ..environment import PROC, Holder, holders
 from ..errors import SupervisorError, SystemdError
 from ..model import UnitState
 from ..store import Store
+from ..util.daemon_lock import LOCK_NAME, lock_holder
 from ..util.text import for_terminal, visible
+from .options import resolve_config
 
 EXIT_HEALTHY = 0
 EXIT_HALTED = 1
@@ -235,7 +235,7 @@ def daemon_status(
 ) -> DaemonStatus:
     """Whether a daemon holds this state directory's lock, what its /healthz says, and how
     often its journal reader was restarted (/metrics)."""
-    running, pid, error = _lock_holder(config.state.state_dir / LOCK_NAME)
+    running, pid, error = lock_holder(config.state.state_dir / LOCK_NAME)
     if not running:
         return DaemonStatus(running=running, pid=pid, error=error)
     if not config.metrics.enabled:
@@ -281,29 +281,6 @@ def _holder_words(holder: Holder) -> str:
     if holder.pid is None:
         return f"a process of uid {holder.uid}"
     return f"PID {holder.pid}" + (f" ({holder.command})" if holder.command else "")
-
-
-def _lock_holder(path: Path) -> tuple[bool | None, int | None, str | None]:
-    """(running, pid, error): a daemon holds the flock on its lock file while it runs."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False, None, f"no daemon has run with this state directory ({path.parent})"
-    except OSError as exc:
-        return None, None, f"{path}: {exc.strerror}"
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        pid = int(text) if text.isascii() and text.isdigit() else None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True, pid, None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False, None, "the supervisor is not running"
-    except OSError as exc:  # e.g. a directory where the lock file should be
-        return None, None, f"{path}: {exc.strerror or exc}"
-    finally:
-        os.close(fd)
 
 
 def _url_host(host: str) -> str:
@@ -469,3 +446,10 @@ def status_main(
     else:
         out.write(for_terminal(render_text(status)))
     return status.exit_code
+
+
+def main(args: argparse.Namespace) -> int:
+    """`status [UNIT...]`: halted units, why and since when, and the daemon's health."""
+    config = resolve_config(args)
+    units = [real_name(unit) for unit in args.unit]
+    return status_main(config, units, output_format=args.format, out=sys.stdout)

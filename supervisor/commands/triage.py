@@ -2,11 +2,14 @@
 
 The input kind is detected: a journal directory or file (read with journalctl, exactly as the
 daemon reads), `journalctl -o export` output, `journalctl -o json` lines, or plain text (one
-invocation). Everything then goes through the daemon's own `Pipeline`.
+invocation). Everything then goes through the daemon's own `Pipeline`: each ended invocation
+is decided by the same `Pipeline.decide`, on the same evidence record, the drift as the daemon
+recorded it on this host (its state database).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import json
@@ -15,22 +18,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ..classify.signatures import SignatureTable
-from ..config import Config
-from ..environment.drift import with_recorded_drift
-from ..journal.reader import ReaderSettings, read_all
-from ..journal.saved import (
+from ..classify import SignatureTable, load_table
+from ..config import Config, load_config, with_units
+from ..environment import RecordedDrift
+from ..journal import (
     JOURNAL_FILE_MAGIC,
+    ReaderSettings,
     decode_export,
     decode_json,
     plain_text_invocation,
+    read_all,
     read_file,
     sniff,
 )
-from ..model import Action, Outcome
+from ..model import Action, Ended, Outcome
 from ..pipeline import Pipeline
 from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
+from .options import config_path
 
 EXIT_NO_ENTRIES = 2
 
@@ -51,11 +56,10 @@ def triage(
     2 (one line on standard error) when the input holds no journal entries."""
     out = out or sys.stdout
     try:
-        found = collect(source, config=config, table=table)
+        outcomes = collect(source, config=config, table=table)
     except NoEntries:
-        print(f"triage: {source}: no journal entries", file=sys.stderr)
+        print(f"vllm-supervisor: triage: {source}: no journal entries", file=sys.stderr)
         return EXIT_NO_ENTRIES
-    outcomes = with_recorded_drift(found, config.state.state_dir)
     if output_format == "json":
         json.dump({"invocations": [o.to_json() for o in outcomes]}, out, indent=2)
         out.write("\n")
@@ -67,23 +71,31 @@ def triage(
 def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outcome]:
     """The outcomes of every failed or crashed invocation in `source`."""
     pipeline = Pipeline(config, table)
+    drift = RecordedDrift(config.state.state_dir)
+    try:
+        return _reported(pipeline.decide_all(_ended(source, pipeline), [drift.evidence]))
+    finally:
+        drift.close()
+
+
+def _ended(source: str, pipeline: Pipeline) -> list[Ended]:
+    """Every invocation of `source` that ended (or was still open at its end), read."""
     path = Path(source)
     if source != "-" and path.is_dir():
-        return _reported(_from_journal(pipeline, ReaderSettings(directory=path)))
+        return _from_journal(pipeline, ReaderSettings(directory=path))
     data = sys.stdin.buffer.read() if source == "-" else read_file(path)
     if data.startswith(JOURNAL_FILE_MAGIC):
-        return _reported(_from_journal(pipeline, ReaderSettings(files=(path,))))
+        return _from_journal(pipeline, ReaderSettings(files=(path,)))
     if not data.strip():
         raise NoEntries(source)
     kind = sniff(data)
     if kind == "text":
         lines = data.decode("utf-8", "replace").splitlines()
-        return [pipeline.decide(plain_text_invocation(lines))]
+        return [pipeline.examine(plain_text_invocation(lines))]
     entries = list(decode_json(data) if kind == "json" else decode_export(data))
     if not entries:
         raise NoEntries(source)
-    outcomes = pipeline.feed(entries)
-    return _reported(outcomes + pipeline.finish())
+    return pipeline.feed(entries) + pipeline.finish()
 
 
 def render_text(outcomes: Sequence[Outcome]) -> str:
@@ -136,7 +148,7 @@ def _reported(outcomes: Sequence[Outcome]) -> list[Outcome]:
     ]
 
 
-def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]:
+def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Ended]:
     settings = dataclasses.replace(
         settings,
         units=tuple(u.name for u in pipeline.config.units),
@@ -145,10 +157,16 @@ def _from_journal(pipeline: Pipeline, settings: ReaderSettings) -> list[Outcome]
         max_line_chars=pipeline.config.tracker.max_line_chars,
     )
 
-    async def run() -> list[Outcome]:
-        outcomes: list[Outcome] = []
+    async def run() -> list[Ended]:
+        ended: list[Ended] = []
         async for batch in read_all(settings):
-            outcomes += pipeline.feed(batch)
-        return outcomes + pipeline.finish()
+            ended += pipeline.feed(batch)
+        return ended + pipeline.finish()
 
     return asyncio.run(run())
+
+
+def main(args: argparse.Namespace) -> int:
+    """`triage`: classify a saved journal with the daemon's own pipeline."""
+    config = with_units(load_config(config_path(args)), args.unit)
+    return triage(args.source, config=config, table=load_table(config), output_format=args.format)

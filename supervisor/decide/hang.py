@@ -36,7 +36,7 @@ from ..config import Config
 from ..engines.profiles import Engines, follow, hints_of, patterns_of
 from ..environment.execstart import serving_port
 from ..errors import SystemdError
-from ..model import JournalEntry, LifecycleEvent, LogLine, Outcome
+from ..model import Ended, Evidence, JournalEntry, LifecycleEvent, LogLine, Outcome
 from ..seams import Supervision, UnitStates
 from ..util.aio import first_of
 
@@ -242,9 +242,9 @@ class HangWatcher:
             self._wake.set()
         return kept
 
-    async def outcome(self, outcome: Outcome) -> Outcome:
-        """Ended invocations pass unchanged (the batch-hook protocol)."""
-        return outcome
+    async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
+        """No evidence of its own (the batch-hook protocol): a hang is the invocation's ending."""
+        return evidence
 
     def reconfigure(self, config: Config) -> None:
         """A reloaded config: its units and their grace periods."""

@@ -1,12 +1,13 @@
 """The restart-loop policy: decides halt, allow-restart or observe for each ended invocation.
 
 Rules, in order:
-1. A start that never ran the server (skipped by the gate, stopped while the gate ran) is
-   observed; so is an invocation that ended with its host's boot, and one that a stop or
-   restart job ended (a person's `systemctl stop`, whatever exit status the server returned):
-   systemd never restarts what a stop job ended.
-2. systemd giving up (start-limit-hit) is observed and reported.
-3. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
+1. An ending that is not a crash (supervisor.model.ENDINGS) is observed: a start that never
+   ran the server (skipped by the gate, stopped while the gate ran), systemd giving up
+   (start-limit-hit), the host's boot, a stop or restart job (a person's `systemctl stop`,
+   whatever exit status the server returned: systemd never restarts what a stop job ended).
+2. An invocation that neither failed nor shows a crash is observed (a clean stop or exit).
+3. A port-in-use crash whose port's holder outlives the unit's restarts halts (the evidence
+   gathered before the decision, supervisor.decide.port_evidence).
 4. A fatal crash halts: the same crash recurs until a person acts. Fatal by a signature, or
    inferred fatal (supervisor.classify.determinism: a deterministic error before the server ever
    served); the latter can be turned off per unit (`halt_inferred = false`), and then counts
@@ -36,24 +37,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..classify.determinism import Phase
-from ..model import Action, Decision, Ending, Invocation, Rule, Severity, Verdict
+from ..model import (
+    ENDINGS,
+    Action,
+    Basis,
+    Decision,
+    Evidence,
+    Invocation,
+    Phase,
+    Rule,
+    Severity,
+    Verdict,
+)
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
 # Two startup crashes "after about the same time": within this factor, or this many seconds.
 SAME_TIME_FACTOR = 2.0
 SAME_TIME_SLACK_S = 15.0
-
-_NOT_A_CRASH = {
-    Ending.SKIPPED: (Rule.SKIPPED, "start skipped by its ExecCondition gate"),
-    Ending.GATE_STOPPED: (Rule.GATE_STOPPED, "stopped while its ExecCondition gate ran"),
-    Ending.BOOT: (Rule.BOOT, "ended with the boot: the host went down before the unit ended"),
-    Ending.STOPPED: (
-        Rule.OPERATOR_STOP,
-        "ended by a stop, restart or kill request (a person or a tool), not a crash",
-    ),
-    Ending.OPEN: (Rule.STILL_RUNNING, "still running at the end of the journal"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,40 +90,49 @@ class RestartPolicy:
         self,
         invocation: Invocation,
         verdict: Verdict,
-        phase: Phase | None = None,
+        evidence: Evidence | None = None,
         *,
         unknown_repeat_limit: int = DEFAULT_UNKNOWN_REPEAT_LIMIT,
         halt_inferred: bool = True,
         repeat_window_s: float = 120.0,
         dry_run: bool = False,
     ) -> Decision:
-        """The decision for one ended invocation; updates the unit's streak."""
-        phase = phase or Phase(served=invocation.served, ran_s=invocation.ran_s)
+        """The decision for one ended invocation and its evidence (supervisor.model.Evidence,
+        gathered before: the phase, the port's holder); updates the unit's streak."""
+        evidence = evidence or Evidence(
+            phase=Phase(served=invocation.served, ran_s=invocation.ran_s)
+        )
         rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
-        decision = self._decide(invocation, verdict, phase, rules)
+        decision = self._decide(invocation, verdict, evidence, rules)
         return _as_dry_run(decision) if dry_run else decision
 
     def _decide(
-        self, invocation: Invocation, verdict: Verdict, phase: Phase, rules: _Rules
+        self, invocation: Invocation, verdict: Verdict, evidence: Evidence, rules: _Rules
     ) -> Decision:
         streak = self._streaks.setdefault(invocation.unit, _Streak())
-        not_a_crash = _NOT_A_CRASH.get(invocation.ending)
-        if not_a_crash is not None:
-            if invocation.ending in (Ending.STOPPED, Ending.BOOT):
+        meaning = ENDINGS[invocation.ending]
+        if meaning.not_a_crash is not None:
+            if meaning.resets_streak:
                 streak.fingerprint, streak.count = None, 0  # a person (or a reboot) stepped in
-            return _observe(*not_a_crash)
-        if invocation.ending is Ending.START_LIMIT:
-            return _observe(
-                Rule.START_LIMIT, "systemd gave up restarting the unit (start-limit-hit)"
-            )
+            return _observe(*meaning.not_a_crash)
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
             return _observe(Rule.CLEAN_EXIT, "ended without a crash")
+        phase, port = evidence.phase, evidence.port
+        if port is not None and port.outlives and rules.halt_inferred:
+            # The port's holder outlives the unit's restarts (supervisor.decide.port_evidence):
+            # each restart would reload the model just to fail to bind again.
+            streak.fingerprint, streak.count = None, 0
+            return Decision(
+                action=Action.HALT,
+                reason=verdict.severity_reason or f"port {port.port} is held",
+                rule=Rule.PORT_HELD,
+            )
         fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
         long_served = phase.served and (
             phase.serving_s is None or phase.serving_s > rules.repeat_window_s
         )
-        inferred = verdict.basis == "inferred"
+        inferred = verdict.basis is Basis.INFERRED
         if verdict.severity is Severity.FATAL and long_served:
             # A crash the table calls fatal, after the server served for long: the evidence
             # disagrees (the same start served). Restart; if it crashes again right after
@@ -214,14 +223,6 @@ class RestartPolicy:
     def forget(self, unit: str) -> None:
         """Drop a unit's streak (after `release`)."""
         self._streaks.pop(unit, None)
-
-
-def halt_on_evidence(rule: Rule, reason: str, *, dry_run: bool) -> Decision:
-    """A halt that evidence outside the verdict calls for (the port's holder outlives the
-    unit's restarts: supervisor.decide.port_evidence), with dry run applied here as for every
-    other decision."""
-    decision = Decision(action=Action.HALT, reason=reason, rule=rule)
-    return _as_dry_run(decision) if dry_run else decision
 
 
 def _as_dry_run(decision: Decision) -> Decision:

@@ -12,8 +12,10 @@ of a large model reloads its weights just to fail to bind again. Outlives means 
   crash: the holder's PID may be invisible to the daemon's user (another user's open files),
   the socket table is not.
 
-Otherwise the holder is named and the restart goes ahead. Only a crash that ended moments ago
-(`systemd.act_window_s`), on this host, that the policy would restart, whose cause is the bind
+The hook only gathers this evidence (`PortHeld`), before the decision; `port_verdict` makes the
+verdict fatal and the policy halts it (`port_held`). Otherwise the holder is named and the
+restart goes ahead. Only a crash that ended moments ago
+(`systemd.act_window_s`), on this host, a crash (not a stop or a skip), whose cause is the bind
 error itself (not a warning, not a line logged long before) and that never logged it serves,
 is judged so; the holder today says nothing of a crash read from yesterday's journal.
 
@@ -40,15 +42,31 @@ import structlog
 
 from ..config import Config
 from ..engines.profiles import Engines, follow
-from ..environment.ports import Holder, Listener, holders, listeners, with_unit_uid
+from ..environment.ports import (
+    PORT_SIGNATURES,
+    Holder,
+    Listener,
+    holders,
+    listeners,
+    with_unit_uid,
+)
 from ..environment.userns import IdMap, own_id_map
 from ..errors import SystemdError
-from ..model import Action, JournalEntry, LifecycleEvent, Outcome, Rule, Severity
-from .policy import halt_on_evidence
+from ..model import (
+    ENDINGS,
+    Basis,
+    Confidence,
+    Ended,
+    Evidence,
+    JournalEntry,
+    LifecycleEvent,
+    PortHeld,
+    Severity,
+    Verdict,
+)
 
 log = structlog.get_logger(__name__)
 
-PORT_SIGNATURES = frozenset({"port_in_use", "torch_distributed_port_in_use"})
 _GENERIC_PORT_IN_TEXT = (
     re.compile(r"\('[^']*', (\d{1,5})\b"),  # uvicorn: ('0.0.0.0', 8000)
     re.compile(r"\]:(\d{1,5})\b"),  # torch: [::]:29500
@@ -89,8 +107,8 @@ def _in_text(text: str | None) -> list[str]:
 
 
 class PortEvidence:
-    """The daemon's hook: names the holder of a crash's port, and halts when it outlives the
-    unit's restarts."""
+    """The daemon's hook: the evidence of who holds a crash's port, and whether it outlives the
+    unit's restarts (the verdict and the policy make of it a note or a halt)."""
 
     def __init__(
         self,
@@ -138,65 +156,41 @@ class PortEvidence:
         """A reloaded config: units, ports, dry run."""
         self.config = config
 
-    async def outcome(self, outcome: Outcome) -> Outcome:
-        """The outcome with the port's holder named, and a halt when it outlives restarts."""
-        if not self._judged_here(outcome):
-            return outcome
-        verdict, inv = outcome.verdict, outcome.invocation
+    async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
+        """The evidence with the port's holder now, for a crash judged here (`_judged_here`);
+        unchanged otherwise, or when the holders cannot be read."""
+        if not self._judged_here(ended):
+            return evidence
+        reading, inv = ended.reading, ended.invocation
         assert inv.unit is not None  # noqa: S101 - _judged_here checked it
-        unit = self.config.unit(inv.unit)
-        port = port_of(dict(verdict.captures), verdict.root_cause, unit.port)
+        port = port_of(dict(reading.captures), reading.root_cause, self.config.unit(inv.unit).port)
         if port is None:
-            return outcome
+            return evidence
         try:
             # A scan of /proc/*/fd: off the event loop, the gates wait on it.
             found = [h for h in await asyncio.to_thread(self._find, port) if h.unit != inv.unit]
         except OSError as exc:
             log.warning("port_holder_lookup_failed", unit=inv.unit, port=port, error=str(exc))
-            return outcome
+            return evidence
         found = [await self._uid_from_systemd(h) for h in found]
         before = self._held.get(inv.unit, set()) | self._at_start.pop(
             (inv.unit, inv.invocation_id or ""), set()
         )
         self._held[inv.unit] = {h.inode for h in found}
         if not found:
-            return _noted(outcome, f"port {port} is not held by another process now")
+            return dataclasses.replace(evidence, port=PortHeld(port=port, holders=None))
         named = "; ".join(h.describe() for h in found)
-        older = [
-            h
-            for h in found
-            if h.started is not None
+        older = any(
+            h.started is not None
             and inv.started_us is not None
             and h.started < inv.started_us / 1e6
-        ]
-        again = [h for h in found if h.inode in before]
-        if not (older or again):
-            return _noted(
-                outcome,
-                f"port {port} held by {named}; halted if it still holds it at the next crash",
-            )
-        if not unit.halt_inferred:
-            return _noted(outcome, f"port {port} held by {named}, there before this start")
-        reason = (
-            f"fatal: port {port} is held by {named}, which was there before this start and "
-            f"outlives the unit's restarts: stop it, then `vllm-supervisor release {inv.unit}`"
+            for h in found
         )
-        log.info("port_held", unit=inv.unit, port=port, holders=named)
-        decision = halt_on_evidence(
-            Rule.PORT_HELD, reason, dry_run=self.config.is_dry_run(inv.unit)
-        )
-        held = dataclasses.replace(
-            verdict,
-            severity=Severity.FATAL,
-            basis="inferred",
-            confidence="high" if older else "medium",
-            severity_reason=reason,
-            notes=(*verdict.notes, f"port {port} held by {named}"),
-            # The port a log line may not name (`Address already in use`) is the one the
-            # quarantine record keeps for the gate's re-check (supervisor.actions.evidence).
-            captures={**verdict.captures, "port": str(port)},
-        )
-        return dataclasses.replace(outcome, verdict=held, decision=decision)
+        outlives = older or any(h.inode in before for h in found)
+        if outlives:
+            log.info("port_held", unit=inv.unit, port=port, holders=named)
+        held = PortHeld(port=port, holders=named, before_start=older, outlives=outlives)
+        return dataclasses.replace(evidence, port=held)
 
     async def _uid_from_systemd(self, holder: Holder) -> Holder:
         """The holder with its unit's uid where the namespace hides the socket's (systemd's
@@ -211,26 +205,55 @@ class PortEvidence:
             return holder
         return await asyncio.to_thread(with_unit_uid, holder, uid, self._ids)
 
-    def _judged_here(self, outcome: Outcome) -> bool:
-        """A port-in-use crash of a start on this host that just ended, which the policy would
-        restart, whose cause is the bind error itself (not a warning or an old line), before
+    def _judged_here(self, ended: Ended) -> bool:
+        """A port-in-use crash of a start on this host that just ended, a crash (not a stop,
+        a skip), whose cause is the bind error itself (not a warning or an old line), before
         the server logged it serves: only then does the holder now tell about it."""
-        verdict, inv, decision = outcome.verdict, outcome.invocation, outcome.decision
-        if verdict.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
+        reading, inv = ended.reading, ended.invocation
+        if reading.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
             return False
         if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
             return False  # history: who holds the port now says nothing about then
         if inv.host is not None and self._machine_id is not None and inv.host != self._machine_id:
             return False  # another host's crash: this host's /proc says nothing of it
-        if decision.action is not Action.ALLOW_RESTART or not inv.failed:
-            return False  # an operator stop, a skip, a halt already: nothing to add
-        if verdict.from_context or verdict.confidence == "low":
+        if ENDINGS[inv.ending].not_a_crash is not None or not inv.failed:
+            return False  # an operator stop, a skip: nothing to add
+        if reading.from_context or reading.confidence is Confidence.LOW:
             return False
         # A server that logged it serves had bound its port (a long load is not serving: a
         # large model may load for 10+ minutes, then fail to bind).
         return not inv.served
 
 
-def _noted(outcome: Outcome, note: str) -> Outcome:
-    verdict = dataclasses.replace(outcome.verdict, notes=(*outcome.verdict.notes, note))
-    return dataclasses.replace(outcome, verdict=verdict)
+def port_verdict(
+    verdict: Verdict, held: PortHeld | None, unit: str, *, halt_inferred: bool
+) -> Verdict:
+    """The verdict as the port's holder makes it: a holder that outlives the unit's restarts
+    makes it fatal (the policy halts it, `port_held`), unless `halt_inferred` is off; any
+    other finding is a note. Part of building the verdict, before the decision."""
+    if held is None:
+        return verdict
+    port = held.port
+    if held.holders is None:
+        note = f"port {port} is not held by another process now"
+    elif not held.outlives:
+        note = f"port {port} held by {held.holders}; halted if it still holds it at the next crash"
+    elif not halt_inferred:
+        note = f"port {port} held by {held.holders}, there before this start"
+    else:
+        reason = (
+            f"fatal: port {port} is held by {held.holders}, which was there before this start "
+            f"and outlives the unit's restarts: stop it, then `vllm-supervisor release {unit}`"
+        )
+        return dataclasses.replace(
+            verdict,
+            severity=Severity.FATAL,
+            basis=Basis.INFERRED,
+            confidence=Confidence.HIGH if held.before_start else Confidence.MEDIUM,
+            severity_reason=reason,
+            notes=(*verdict.notes, f"port {port} held by {held.holders}"),
+            # The port a log line may not name (`Address already in use`) is the one the
+            # quarantine record keeps for the gate's re-check (supervisor.actions.evidence).
+            captures={**verdict.captures, "port": str(port)},
+        )
+    return dataclasses.replace(verdict, notes=(*verdict.notes, note))

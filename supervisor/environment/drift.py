@@ -4,8 +4,8 @@ When a supervised unit starts a new invocation (its first journal line or PID 1'
 carries a new invocation id), the daemon probes the unit's interpreter in a thread and keeps the
 snapshot in the environment log (supervisor.environment.log). A start becomes *good* once one of its
 lines says the server is serving, or once it ran `drift.good_start_s`. When an invocation
-crashes, its outcome carries what changed since the last good start
-(`flashinfer-python 0.6.3 → 0.6.4`), which history and Slack show.
+crashes, the evidence it is decided on carries what changed since the last good start
+(`flashinfer-python 0.6.3 → 0.6.4`): the decision weighs it, history and Slack show it.
 
 The batch hook only notes starts and good marks (no IO, it runs inside the batch); the recorder
 task does the probing and the writes, in order, so a good mark never precedes its snapshot.
@@ -25,7 +25,7 @@ import structlog
 
 from ..config import Config
 from ..errors import StateError, SystemdError
-from ..model import JournalEntry, Outcome
+from ..model import Ended, Evidence, JournalEntry, served_by
 from ..store import Store
 from .execstart import interpreter_from_exec_start
 from .log import EnvironmentLog
@@ -37,7 +37,7 @@ from .snapshot import EnvSnapshot, snapshot
 log = structlog.get_logger(__name__)
 
 SNAPSHOT_TIMEOUT_S = 30.0  # resolving the interpreter and probing it, per start
-CRASH_WAIT_S = 10.0  # how long a crash's outcome waits for its own start's snapshot
+CRASH_WAIT_S = 10.0  # how long a crash's evidence waits for its own start's snapshot
 _RECENT_STARTS = 64  # starts remembered by invocation, across all units
 MAX_START_AGE_S = 300.0  # an older start (a journal read from its head) is not snapshotted now
 
@@ -125,43 +125,39 @@ class DriftRecorder:
             else:
                 start.recorded.set()  # too old: today's environment says nothing about it
         serving = not entry.from_pid1 and is_serving_line(entry.message)
-        if serving or seen - start.started >= self.config.drift.good_start_s:
+        good_start_s = self.config.drift.good_start_s
+        if served_by(serving_seen=serving, ran_s=seen - start.started, good_start_s=good_start_s):
             start.good = True
             self._queue.put_nowait(_Good(unit, invocation_id))
 
-    async def outcome(self, outcome: Outcome) -> Outcome:
-        """Attach the changes since the last good start to a crash's outcome."""
-        inv = outcome.invocation
+    async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
+        """The evidence with what changed since the last good start, for a crash: once the
+        crashed start's own snapshot is kept (at most CRASH_WAIT_S), so the decision and the
+        report read the same changes."""
+        inv = ended.invocation
         if inv.unit not in self._units or inv.unit is None or inv.invocation_id is None:
-            return outcome
+            return evidence
         start = self._recent.get((inv.unit, inv.invocation_id))
         if start is not None:
             self._good_if_long(start, inv.started_us, inv.ended_us)
-        if not (inv.failed or outcome.verdict.crashed):
-            return outcome
+        if not (inv.failed or ended.reading.crashed):
+            return evidence
         if start is not None:
             try:
                 await asyncio.wait_for(start.recorded.wait(), CRASH_WAIT_S)
             except TimeoutError:
                 log.warning("drift_snapshot_late", unit=inv.unit, invocation_id=inv.invocation_id)
         try:
-            return with_drift(outcome, self.envlog)
+            return dataclasses.replace(evidence, drift=drift_of(ended, self.envlog))
         except StateError as exc:
             log.error("drift_read_failed", unit=inv.unit, error=str(exc))
-            return outcome
-
-    def changes(self, unit: str, invocation_id: str) -> list[str]:
-        """What changed since the last good start, as far as recorded when the crash is decided
-        (a start that crashed before its snapshot was kept has none yet: `outcome` adds it to
-        the report later, the decision goes without)."""
-        if unit not in self._units:
-            return []
-        return [str(c) for c in self.envlog.changes_since_last_good(unit, invocation_id)]
+            return evidence
 
     def _good_if_long(self, start: _Start, started_us: int | None, ended_us: int | None) -> None:
         if start.good or started_us is None or ended_us is None:
             return
-        if (ended_us - started_us) / 1e6 >= self.config.drift.good_start_s:
+        ran_s = (ended_us - started_us) / 1e6
+        if served_by(serving_seen=False, ran_s=ran_s, good_start_s=self.config.drift.good_start_s):
             start.good = True
             self._queue.put_nowait(_Good(start.unit, start.invocation_id))
 
@@ -177,7 +173,7 @@ class DriftRecorder:
                     return
                 item = getter.result()
                 if isinstance(item, _Good):
-                    self._mark_good(item)
+                    await self._mark_good(item)
                 else:
                     await self._record(item)
         finally:
@@ -212,7 +208,7 @@ class DriftRecorder:
                     self._say_once(start.unit, "drift_blind", str(python), blocked)
                     self._on_snapshot(start.unit, "failed")
                     return
-            self.envlog.record_start(start.unit, start.invocation_id, snap, start.started)
+            await self.envlog.arecord_start(start.unit, start.invocation_id, snap, start.started)
             log.info("environment_recorded", unit=start.unit, invocation_id=start.invocation_id)
             self._on_snapshot(start.unit, "recorded")
         except (ProbeError, SystemdError, StateError, TimeoutError) as exc:
@@ -253,45 +249,43 @@ class DriftRecorder:
             action="no environment recorded for this unit; crashes are decided without drift",
         )
 
-    def _mark_good(self, good: _Good) -> None:
+    async def _mark_good(self, good: _Good) -> None:
         try:
-            self.envlog.mark_good(good.unit, good.invocation_id)
+            await self.envlog.amark_good(good.unit, good.invocation_id)
         except StateError as exc:
             log.error("drift_mark_good_failed", unit=good.unit, error=str(exc))
 
 
-def with_drift(outcome: Outcome, envlog: EnvironmentLog) -> Outcome:
-    """The outcome with what changed since its unit's last good start (as recorded in
-    `envlog`); unchanged when nothing did or it already says. Raises StateError."""
-    inv = outcome.invocation
-    if inv.unit is None or inv.invocation_id is None or outcome.drift:
-        return outcome
-    changes = envlog.changes_since_last_good(inv.unit, inv.invocation_id)
-    if not changes:
-        return outcome
-    return dataclasses.replace(outcome, drift=tuple(str(c) for c in changes))
+def drift_of(ended: Ended, envlog: EnvironmentLog) -> tuple[str, ...]:
+    """What changed since the unit's last good start before this crash, as `envlog` recorded
+    it: the one lookup, for the daemon and for `triage`. Raises StateError."""
+    inv = ended.invocation
+    if inv.unit is None or inv.invocation_id is None:
+        return ()
+    if not (inv.failed or ended.reading.crashed):
+        return ()
+    return tuple(str(c) for c in envlog.changes_since_last_good(inv.unit, inv.invocation_id))
 
 
-def with_recorded_drift(outcomes: Sequence[Outcome], state_dir: Path) -> list[Outcome]:
-    """The outcomes, each crash with what changed since its unit's last good start.
+class RecordedDrift:
+    """`triage`'s drift: the environments the daemon recorded on this host (its state
+    database, read only). A journal from elsewhere, or a database that cannot be read, gives
+    none."""
 
-    The environments are the ones the daemon recorded on this host (its state database); a
-    journal from elsewhere, or a database that cannot be read, leaves the outcomes as they are.
-    """
-    store = Store.existing_in_directory(state_dir)
-    if store is None:
-        return list(outcomes)
-    try:
-        envlog = EnvironmentLog(store)
-        return [_or_unchanged(o, envlog) for o in outcomes]
-    except StateError:
-        return list(outcomes)
-    finally:
-        store.close()
+    def __init__(self, state_dir: Path) -> None:
+        self._store = Store.existing_in_directory(state_dir)
+        self._envlog = None if self._store is None else EnvironmentLog(self._store)
 
+    def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
+        """The evidence with the recorded drift (unchanged when none can be read)."""
+        if self._envlog is None:
+            return evidence
+        try:
+            return dataclasses.replace(evidence, drift=drift_of(ended, self._envlog))
+        except StateError:
+            return evidence
 
-def _or_unchanged(outcome: Outcome, envlog: EnvironmentLog) -> Outcome:
-    try:
-        return with_drift(outcome, envlog)
-    except StateError:
-        return outcome
+    def close(self) -> None:
+        """Close the state database."""
+        if self._store is not None:
+            self._store.close()

@@ -33,6 +33,10 @@ _USER_SLICE = re.compile(r"/user-([0-9]+)\.slice(?:/|$)")
 _MAX_COMMAND = 300
 _PIDS_NAMED = 5
 HIDDEN_UID = "uid hidden by PrivateUsers="
+# The signatures of a crash that could not bind its port: the server's own (the one preflight's
+# port check predicts) and torch.distributed's rendezvous store's.
+PORT_IN_USE = "port_in_use"
+PORT_SIGNATURES = frozenset({PORT_IN_USE, "torch_distributed_port_in_use"})
 
 
 @dataclass(frozen=True, slots=True)

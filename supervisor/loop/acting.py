@@ -1,10 +1,13 @@
-"""Acting on decided outcomes, in their unit's lane: enrich, act, record as taken.
+"""Deciding and acting, in the unit's lane: evidence, decide, act, record as taken.
 
-The lane (supervisor.actions.lanes) hands a unit's jobs over in the order decided. Each outcome
-is enriched by the hooks (the drift since the last good start, the port's holder; they may
-wait), carried out by the actor (confirmed with systemd first), logged, and then all of them
-are recorded as taken in one commit, which also queues their messages and clears their pending
-actions (supervisor.loop.checkpoint). Whoever waits for a job's outcome as recorded
+The lane (supervisor.actions.lanes) hands a unit's jobs over in the order their invocations
+ended. For each ended invocation the hooks fill its evidence (the drift since the last good
+start, the port's holder; they may wait), then the pipeline decides, once, on the reading and
+the evidence (the same `Pipeline.decide` that `triage` runs); the decisions are noted with
+the policy's memory, carried out by the actor (confirmed with systemd first), logged, and then
+all of them are recorded as taken in one commit, which also queues their messages and clears
+their pending records (supervisor.loop.checkpoint). A job may also be an outcome decided
+before a restart: it is only acted on. Whoever waits for a job's outcome as recorded
 (`Job.recorded`: a hand-driven batch, a hung engine) gets it after that commit.
 """
 
@@ -19,7 +22,9 @@ import structlog
 
 from ..actions.actor import Actor
 from ..actions.presence import Here
-from ..model import Ending, Outcome, Taken
+from ..model import Ended, Ending, Outcome, Taken
+from ..pipeline import Pipeline
+from ..records import Pending
 from ..seams import BatchHook, StatusReporter
 from ..telemetry.metrics import Metrics
 from ..util.aio import name_of
@@ -41,20 +46,22 @@ class LoopState:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A decided outcome in its unit's lane: what was known when it was decided, and where the
-    outcome as recorded goes (`handle_batch`, `end_hung` wait for it; the live loop does not)."""
+    """An ended invocation (or an outcome decided before a restart) in its unit's lane: what
+    was known of this host when it ended, and where the outcome as recorded goes
+    (`handle_batch`, `end_hung` wait for it; the live loop does not)."""
 
-    outcome: Outcome
+    pending: Pending
     here: Here
     recorded: asyncio.Future[Outcome]
 
 
 class Acting:
-    """The lanes' handler: carries out one unit's jobs and records them as taken."""
+    """The lanes' handler: decides one unit's jobs, carries them out, records them as taken."""
 
     def __init__(
         self,
         *,
+        pipeline: Pipeline,
         actor: Actor | None,
         hooks: Sequence[BatchHook],
         checkpointer: Checkpointer,
@@ -63,6 +70,7 @@ class Acting:
         status: Callable[[], None],
         wake_sinks: Callable[[], None],
     ) -> None:
+        self._pipeline = pipeline
         self._actor = actor
         self._hooks = tuple(hooks)
         self._checkpointer = checkpointer
@@ -72,8 +80,14 @@ class Acting:
         self._wake_sinks = wake_sinks
 
     async def carry_out(self, unit: str, jobs: list[Job]) -> None:
-        """Enrich, act on and record `unit`'s jobs, in the order decided."""
-        outcomes = [await self._act(await self._enrich(job.outcome), job.here) for job in jobs]
+        """Decide, act on and record `unit`'s jobs, in the order they ended."""
+        # Decisions are committed with what was done (or by any earlier commit): a supervisor
+        # killed before finds the invocation still pending, and decides it again on the memory
+        # committed with the record, which does not hold this decision yet.
+        decided = [await self._decided(job.pending) for job in jobs]
+        outcomes = [
+            await self._act(outcome, job.here) for job, outcome in zip(jobs, decided, strict=True)
+        ]
         self._checkpointer.taken(outcomes)
         await self._checkpointer.commit()
         _say_backlog(outcomes)
@@ -82,19 +96,25 @@ class Acting:
             if not job.recorded.done():
                 job.recorded.set_result(outcome)
 
-    async def _enrich(self, outcome: Outcome) -> Outcome:
-        """What the hooks add to a decided outcome (drift, the port's holder)."""
+    async def _decided(self, pending: Pending) -> Outcome:
+        """The outcome of an ended invocation, decided on its evidence (noted with the policy's
+        memory after it); an outcome decided before a restart as it is."""
+        if not isinstance(pending, Ended):
+            return pending
+        evidence = self._pipeline.evidence(pending)
         for hook in self._hooks:
             try:
-                outcome = await hook.outcome(outcome)
-            except Exception as exc:  # a hook's bug never costs the action
+                evidence = await hook.evidence(pending, evidence)
+            except Exception as exc:  # a hook's bug never costs the decision
                 self._metrics.state_error("other")
                 log.error(
-                    "outcome_hook_failed",
+                    "evidence_hook_failed",
                     hook=name_of(hook),
-                    unit=outcome.invocation.unit,
+                    unit=pending.invocation.unit,
                     error=f"{type(exc).__name__}: {exc}",
                 )
+        outcome = self._pipeline.decide(pending, evidence)
+        self._checkpointer.decided([outcome], self._pipeline.memory())
         return outcome
 
     async def _act(self, outcome: Outcome, here: Here) -> Outcome:

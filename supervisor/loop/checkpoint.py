@@ -1,12 +1,13 @@
 """Checkpointing: what the daemon decided and did, committed with the cursor that covers it.
 
 Vector's Checkpointer and Finalizer split, with SQLite's transaction as the finalizer: the
-loop notes each batch's decisions together with the position that covers them (`decided`,
-synchronously, so no other task sees a cursor past decisions not yet noted), each lane notes
-what its actions did (`taken`), and `commit` writes everything noted so far in one transaction
-(supervisor.store). Commits run one at a time, in a worker thread (SQLite's fsync on a slow disk
-must not stall the gates or the watchdog); whoever waits for the running one finds its own
-notes committed by the next: group commit.
+loop notes each batch's ended invocations together with the checkpoint that covers them
+(`ended`, synchronously, so no other task sees a cursor past invocations not yet noted), each
+lane notes its decisions with the policy's memory after them (`decided`) and what its actions
+did (`taken`), and `commit` writes everything noted so far in one transaction
+(supervisor.store). Commits run one at a time, in the state writer's thread (SQLite's fsync on a
+slow disk must not stall the gates or the watchdog); whoever waits for the running one finds its
+own notes committed by the next: group commit.
 
 A batch that decided nothing leaves its cursor to a quiet checkpoint at most
 `checkpoint_interval_s` later (`run_quiet`). A failed commit (disk full) keeps every note and
@@ -26,7 +27,7 @@ from typing import Any
 import structlog
 
 from ..errors import StateError
-from ..model import Outcome
+from ..model import Ended, Outcome
 from ..seams import Notifying
 from ..store import Checkpoint, Store
 from ..telemetry.metrics import Metrics
@@ -68,6 +69,7 @@ class Checkpointer:
         self._clock = clock
         self.position = position
         self.committed = position.checkpoint  # the last checkpoint the database holds
+        self.undecided: list[Ended] = []  # ended, to be decided, not yet committed
         self.decisions: list[Outcome] = []  # decided, pending action, not yet committed
         self.pending: list[Outcome] = []  # taken, not yet committed (history, messages)
         self.commit_error: str | None = None  # why the last commit failed; None once one succeeds
@@ -77,12 +79,17 @@ class Checkpointer:
         self._uncommitted = asyncio.Event()  # set when a commit failed
         self._behind = asyncio.Event()  # set when a position was left uncommitted
 
-    def decided(self, outcomes: Sequence[Outcome], position: Position | None) -> None:
-        """Note a batch's decisions and the position that covers them (None: the position
-        stands, e.g. while the journal is read again up to the saved cursor)."""
+    def ended(self, items: Sequence[Ended], checkpoint: Checkpoint | None) -> None:
+        """Note a batch's ended invocations and the checkpoint that covers them (None: the
+        checkpoint stands, e.g. while the journal is read again up to the saved cursor)."""
+        self.undecided += items
+        if checkpoint is not None:
+            self.position = Position(checkpoint=checkpoint, memory=self.position.memory)
+
+    def decided(self, outcomes: Sequence[Outcome], memory: dict[str, dict[str, Any]]) -> None:
+        """Note decisions and the policy's memory after them (a lane decided them)."""
         self.decisions += outcomes
-        if position is not None:
-            self.position = position
+        self.position = Position(checkpoint=self.position.checkpoint, memory=memory)
 
     def taken(self, outcomes: Sequence[Outcome]) -> None:
         """Note what was done about decided outcomes: their history and messages."""
@@ -95,19 +102,21 @@ class Checkpointer:
             return await self._commit(force=force)
 
     async def _commit(self, *, force: bool) -> bool:
-        noted = bool(self.decisions or self.pending or self.commit_error is not None)
+        noted = bool(self.undecided or self.decisions or self.pending)
+        noted = noted or self.commit_error is not None
         if not (force or noted) and self._clock() - self._committed_at < self.interval_s:
             # Nothing was decided: the cursor alone can wait (see run_quiet). Entries read
             # again after a kill only rebuild the open invocation; every decision is committed
             # at once, with the cursor that covers it.
             self._behind.set()
             return False
-        decisions, pending, position = list(self.decisions), list(self.pending), self.position
+        ended, decisions, pending = list(self.undecided), list(self.decisions), list(self.pending)
+        position = self.position
         writers = [self.notifier.writer_for(o) for o in pending] if self.notifier else []
         try:
-            await asyncio.to_thread(
-                self.store.commit_batch,
+            await self.store.acommit_batch(
                 checkpoint=position.checkpoint,
+                ended=ended,
                 decided=decisions,
                 outcomes=pending,
                 unit_states=position.memory,
@@ -117,8 +126,10 @@ class Checkpointer:
             self._failed(exc)
             return False
         if self.commit_error is not None:
-            log.info("state_commit_recovered", committed=len(pending) + len(decisions))
+            committed = len(pending) + len(decisions) + len(ended)
+            log.info("state_commit_recovered", committed=committed)
             self.commit_error = None
+        del self.undecided[: len(ended)]
         del self.decisions[: len(decisions)]
         del self.pending[: len(pending)]
         self.committed = position.checkpoint
@@ -137,7 +148,7 @@ class Checkpointer:
             log.error(
                 "state_commit_failed",
                 error=str(exc),
-                pending=len(self.pending) + len(self.decisions),
+                pending=len(self.pending) + len(self.decisions) + len(self.undecided),
                 action="still classifying, halting and alerting; retrying the commit",
             )
         self.commit_error = str(exc)

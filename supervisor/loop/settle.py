@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from ..journal.streams import count_streams
-from ..model import Outcome
+from ..model import Ended
 from ..pipeline import Pipeline
 from ..seams import JournalSource
 from ..util.aio import first_of
@@ -26,8 +26,8 @@ log = structlog.get_logger(__name__)
 # While journald still reads a dead process's stream, the settler looks again this often.
 DRAIN_POLL_S = 0.005
 
-Decided = Callable[[list[Outcome]], Awaitable[None]]
-"""Where settled outcomes go: recorded like a batch's (the daemon's record path)."""
+Decided = Callable[[list[Ended]], Awaitable[None]]
+"""Where settled invocations go: recorded like a batch's (the daemon's record path)."""
 
 
 class Settler:
@@ -82,9 +82,9 @@ class Settler:
             )
         if streams.dying or not await self._reader.sync(within_s):
             return False
-        outcomes = self._pipeline.flush_drained(self._machine_id, asked)
-        await decided(outcomes)
-        return bool(outcomes)
+        ended = self._pipeline.flush_drained(self._machine_id, asked)
+        await decided(ended)
+        return bool(ended)
 
     def _no_probe(self, why: str) -> bool:
         """Fall back to the settle window for good, saying why once; False (nothing decided)."""

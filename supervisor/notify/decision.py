@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..model import Action, Ending, Outcome, Severity, Taken
+from ..model import ENDINGS, Action, News, Outcome, Severity, Taken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,21 +24,12 @@ class Group:
     interval_s: float  # the grouping interval
 
 
-# How an invocation ended without a crash worth telling: a person's stop, a start the gate
-# skipped (the halt was already told), the host's reboot, a saved journal's still-running one.
-_NOT_NEWS = frozenset(
-    {Ending.STOPPED, Ending.SKIPPED, Ending.GATE_STOPPED, Ending.BOOT, Ending.OPEN}
-)
-
-
 def is_notable(outcome: Outcome) -> bool:
     """True for an invocation worth a message: systemd saw a failure or the lines show a crash,
     or systemd gave up restarting it; never a person's stop or a skipped start."""
-    ending = outcome.invocation.ending
-    if ending is Ending.START_LIMIT:
-        return True
-    if ending in _NOT_NEWS:
-        return False
+    news = ENDINGS[outcome.invocation.ending].news  # the model's one table of endings
+    if news is not News.IF_CRASHED:
+        return news is News.ALWAYS
     return outcome.invocation.failed or outcome.verdict.crashed
 
 

@@ -22,7 +22,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 
@@ -58,6 +58,7 @@ class LevelLoop:
         self.sink = sink
         self._name = sink.name
         self._store = store
+        store.register(IncidentTable)
         self._quarantined = quarantined
         self._metrics = metrics
         self._clock = clock
@@ -112,7 +113,7 @@ class LevelLoop:
         if not result.delivered:
             return self._failed(result.error) if result.recoverable else self._dropped(result)
         try:
-            self._remember(round_.open)
+            await self._remember(round_.open)
         except StateError as exc:
             return self._failed(str(exc))
         if self._metrics is not None:
@@ -162,22 +163,31 @@ class LevelLoop:
         return False
 
     def _sent(self) -> dict[str, Any]:
-        try:
-            with self._store.lock:
-                rows = self._store.connection.execute(
-                    "SELECT unit, identity FROM incident WHERE sink = ?", (self._name,)
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise StateError(f"{self._store.path}: cannot read the incidents: {exc}") from exc
+        return self._store.read(lambda db: IncidentTable(db, self._name).sent())
+
+    async def _remember(self, open_: Mapping[str, Any]) -> None:
+        await self._store.write(lambda db: IncidentTable(db, self._name).replace(open_))
+
+
+class IncidentTable:
+    """`incident`: the repository of what a level sink last had delivered as open, per unit."""
+
+    TABLES: ClassVar[tuple[str, ...]] = ("incident",)
+
+    def __init__(self, db: sqlite3.Connection, sink: str) -> None:
+        self._db = db
+        self.sink = sink
+
+    def sent(self) -> dict[str, Any]:
+        rows = self._db.execute("SELECT unit, identity FROM incident WHERE sink = ?", (self.sink,))
         return {str(unit): json.loads(identity) for unit, identity in rows}
 
-    def _remember(self, open_: Mapping[str, Any]) -> None:
-        with self._store.transaction() as db:
-            db.execute("DELETE FROM incident WHERE sink = ?", (self._name,))
-            db.executemany(
-                "INSERT INTO incident (sink, unit, identity) VALUES (?, ?, ?)",
-                [
-                    (self._name, unit, json.dumps(identity, sort_keys=True))
-                    for unit, identity in open_.items()
-                ],
-            )
+    def replace(self, open_: Mapping[str, Any]) -> None:
+        self._db.execute("DELETE FROM incident WHERE sink = ?", (self.sink,))
+        self._db.executemany(
+            "INSERT INTO incident (sink, unit, identity) VALUES (?, ?, ?)",
+            [
+                (self.sink, unit, json.dumps(identity, sort_keys=True))
+                for unit, identity in open_.items()
+            ],
+        )

@@ -7,13 +7,13 @@ module times and sends, the same for every sink (Alertmanager's DedupStage + Ret
 integration). Each sink has its own `Outbox` over its own rows, so a second sink is told about
 the same crash with its own message, pacing and retries. Slack is the example below.
 
-Queueing is a `Writer` that runs inside the batch's transaction (`Store.commit_batch`),
-so a message exists exactly when the crash it reports is recorded. `Outbox.run` delivers pending
-messages, marks the crashes `notified` in the history in the same transaction that marks the
-message sent, and survives supervisor restarts: each crash is announced once. (Only a crash of the
-supervisor between Slack's 200 and that commit can repeat a message: at-least-once at the wire,
-exactly-once in the database; the message is marked `sending` before its POST, so the repeat
-says it may be one.)
+Queueing is a `Writer` that runs inside the batch's transaction (`Store.acommit_batch`, in the
+state writer's thread), so a message exists exactly when the crash it reports is recorded.
+`Outbox.run` delivers pending messages, marks the crashes `notified` in the history in the same
+transaction that marks the message sent, and survives supervisor restarts: each crash is
+announced once. (Only a crash of the supervisor between Slack's 200 and that commit can repeat a
+message: at-least-once at the wire, exactly-once in the database; the message is marked
+`sending` before its POST, so the repeat says it may be one.)
 
 While the database cannot be written (disk full), alerting goes on from memory: a 200 whose
 "sent" cannot be recorded is kept in memory (that message is not sent again) and recorded once
@@ -61,7 +61,8 @@ import structlog
 
 from ..errors import NotifyError, StateError
 from ..model import Outcome
-from ..store import Store, Writer, mark_notified
+from ..state.tables import History
+from ..store import Store, Writer
 from ..telemetry.http import SinkState
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
@@ -134,9 +135,13 @@ class Outbox:
         self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
         self._state_error: str | None = None  # the last write error, logged once
         self._queue = OutboxQueue(store, self._name)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` wakes on
         metrics.sink(self._name)
+
+    async def _resume_interrupted(self) -> None:
+        """Messages the previous run was sending when it ended go out again, marked."""
         with contextlib.suppress(StateError):
-            if repeats := self._queue.interrupted(sink.resent):
+            if repeats := await self._queue.interrupted(self.sink.resent):
                 _log.warning(
                     f"{self._name}_sending_interrupted",
                     count=repeats,
@@ -156,7 +161,7 @@ class Outbox:
 
             def folded(db: sqlite3.Connection) -> None:
                 # Told by the message of the halt that stands: the story's one message.
-                mark_notified(db, [(inv.unit, inv.invocation_id)])
+                History(db).mark_notified([(inv.unit, inv.invocation_id)])
 
             return folded
         if not reason.tells:
@@ -198,9 +203,14 @@ class Outbox:
         if added is None:
             return  # this invocation is already queued: a replayed batch
         self._metrics.notification(added, self._name)
-        # The run loop cannot see the row before this synchronous commit returns, so waking
-        # it now is safe; after a rollback it simply finds nothing new.
-        self._wake.set()
+        # This runs in the state writer's thread, inside the batch's transaction: the run loop
+        # is woken on its own loop once the row is committed (never after a rollback).
+        self._store.after_commit(self._wake_from_writer)
+
+    def _wake_from_writer(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
 
     # -- inspection -------------------------------------------------------------------------
 
@@ -264,6 +274,8 @@ class Outbox:
     async def run(self, stop: asyncio.Event) -> None:
         """Deliver pending messages until `stop` is set; state errors are logged and retried.
         Without a usable endpoint it waits for one (`reset`, at a reload)."""
+        self._loop = asyncio.get_running_loop()
+        await self._resume_interrupted()
         pruned = False
         while not stop.is_set():
             self._wake.clear()
@@ -272,7 +284,7 @@ class Outbox:
                 continue
             try:
                 if not pruned:
-                    self._queue.prune(self._now() - RETENTION_S)
+                    await self._queue.prune(self._now() - RETENTION_S)
                     pruned = True
                 await self._step(stop)
             except StateError as exc:
@@ -281,7 +293,7 @@ class Outbox:
 
     async def _step(self, stop: asyncio.Event) -> None:
         """Deliver the next due message, or wait until one is due or new work arrives."""
-        self._settle_memory()
+        await self._settle_memory()
         message = self._queue.next_due(list(self._unrecorded))
         held = next((k for k, h in self._held.items() if h.sent_at is None), None)
         self._metrics.outbox_depth(self.depth() + len(self._held), self._name)
@@ -323,15 +335,15 @@ class Outbox:
         # Recorded before the POST: a kill between Slack's 200 and recording it would repeat
         # the message after the restart, and the repeat then says so (queue.interrupted).
         with contextlib.suppress(StateError):
-            self._queue.sending(message.id)
+            await self._queue.sending(message.id)
         try:
             error = await self._attempt(message.payload, message.attempts)
         finally:
             self._inflight = None
         if error.delivered:
-            self._delivered(message)
+            await self._delivered(message)
         else:
-            self._failed(message, error)
+            await self._failed(message, error)
 
     async def _deliver_held(self, member: MemberKey) -> None:
         """Send a held crash; if its batch was committed meanwhile, settle it in the database."""
@@ -340,9 +352,9 @@ class Outbox:
         if message is not None:
             del self._held[member]
             if error.delivered:
-                self._delivered(message)
+                await self._delivered(message)
             else:
-                self._failed(message, error)
+                await self._failed(message, error)
             return
         if error.delivered:
             self._held[member].sent_at = self._now()
@@ -353,11 +365,11 @@ class Outbox:
         else:
             self._failed_endpoint(error, dropped=False)
 
-    def _settle_memory(self) -> None:
+    async def _settle_memory(self) -> None:
         """Record deliveries the database missed; forget held crashes it now has."""
         for message_id, sent_at in list(self._unrecorded.items()):
             try:
-                self._queue.record_sent(message_id, sent_at)
+                await self._queue.record_sent(message_id, sent_at)
             except StateError:
                 return
             del self._unrecorded[message_id]
@@ -365,11 +377,11 @@ class Outbox:
         for member in [m for m, h in self._held.items() if self._queue.of_member(m) is not None]:
             del self._held[member]
 
-    def _delivered(self, message: QueuedMessage) -> None:
+    async def _delivered(self, message: QueuedMessage) -> None:
         """Mark the message sent and its crashes notified; keep that in memory if it fails."""
         now = self._now()
         try:
-            self._queue.record_sent(message.id, now)
+            await self._queue.record_sent(message.id, now)
         except StateError as exc:
             # The far end has it: never send it again, record it when the database takes writes.
             self._unrecorded[message.id] = now
@@ -396,14 +408,14 @@ class Outbox:
             _log.info("outbox_state_recovered")
         self._state_error = None
 
-    def _failed(self, message: QueuedMessage, result: Result) -> None:
+    async def _failed(self, message: QueuedMessage, result: Result) -> None:
         """Back the endpoint off, or give the message up when permanent or out of attempts."""
         attempts = message.attempts + (1 if result.reached else 0)
         if result.recoverable and attempts < self._config.max_attempts:
-            self._queue.update(message.id, attempts, "pending", message.due, result.reason)
+            await self._queue.update(message.id, attempts, "pending", message.due, result.reason)
             self._failed_endpoint(result, dropped=False, attempt=attempts)
         else:
-            self._queue.update(message.id, attempts, "failed", message.due, result.reason)
+            await self._queue.update(message.id, attempts, "failed", message.due, result.reason)
             self._metrics.notification_dropped(self._name, drop_reason(result))
             self._failed_endpoint(result, dropped=True, attempt=attempts)
 

@@ -825,9 +825,16 @@ class InvocationTracker:
     # -- ending on demand ------------------------------------------------------------------
 
     def close(
-        self, unit: str | None, host: str | None, invocation_id: str | None, ending: Ending
+        self,
+        unit: str | None,
+        host: str | None,
+        invocation_id: str | None,
+        ending: Ending,
+        *,
+        end_message: str | None = None,
     ) -> Invocation | None:
-        """End a running invocation now (the daemon saw its engine hang); None if not running."""
+        """End a running invocation now (the daemon saw its engine hang, or its server exit
+        under RemainAfterExit=: `end_message` says how); None if not running."""
         track = self._tracks.get((host or "", unit))
         if track is None:
             return None
@@ -836,6 +843,8 @@ class InvocationTracker:
         )
         if builder is None:
             return None
+        if end_message is not None:
+            builder.end_message = end_message
         return self._close(track, builder, ending)
 
     def close_all(self) -> list[Invocation]:

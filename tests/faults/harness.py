@@ -210,6 +210,16 @@ def is_reader(pid: int) -> bool:
     return comm(pid) == "journalctl" or argv[0].endswith(b"/vllm-supervisor-journal-reader")
 
 
+def is_follower(pid: int) -> bool:
+    """Is `pid` the journal reader child that follows (not one of the journalctl fallback's
+    short runs that catch up a backlog before it)?"""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return is_reader(pid) and b"--follow" in argv
+
+
 def db_rows(state_dir: Path, sql: str) -> list[Any]:
     """Read the state database without writing to it ([] before it exists or while locked)."""
     path = state_dir / "state.sqlite3"

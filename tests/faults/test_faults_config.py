@@ -20,6 +20,8 @@ CASES = {
     "unknown key": ("[journal]\nfollow_harder = true\n", None),
     "wrong type": ('[slack]\ntimeout_s = "ten"\n', None),
     "bad unit name": ('[[unit]]\nname = "not a unit"\n', None),
+    # systemd's limit (UNIT_NAME_MAX); the reader child refuses a name past 4 KiB on its stdin.
+    "unit name too long": (f'[[unit]]\nname = "{"a" * 300}.service"\n', None),
     "not TOML": ("[journal\n", None),
     "bad regex": ("", [SIG.format(id="bad_re", pattern="(unclosed")]),
     "duplicate id": (
@@ -33,6 +35,7 @@ WHAT = {
     "unknown key": "journal.follow_harder: unknown key",
     "wrong type": "slack.timeout_s: expected a number",
     "bad unit name": "is not a systemd unit name",
+    "unit name too long": "longer than systemd's 255 characters",
     "not TOML": "not valid TOML",
     "bad regex": "bad_re",
     "duplicate id": "twice",

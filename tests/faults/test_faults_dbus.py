@@ -68,7 +68,7 @@ class TestBusUnavailable:
         assert item["decision"]["action"] == "halt"
         assert item["taken"] == "quarantined"  # the gate refuses the next start; no stop
         assert "stop failed (bus_unavailable)" in item["taken_detail"]
-        message = json.dumps(slack.requests[0].json())
-        assert "Quarantined: its gate refuses the next start" in message
+        message = json.dumps(slack.requests[0].json(), ensure_ascii=False)
+        assert "halt → quarantined: its gate refuses the next start" in message
         assert "stop failed (bus_unavailable)" in message
         assert SECRET not in "".join(p.read_text(errors="replace") for p in sup.logs)

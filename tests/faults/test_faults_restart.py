@@ -20,7 +20,7 @@ from faults.harness import (
     crash,
     db_rows,
     history_cli,
-    is_reader,
+    is_follower,
     last_cursor,
     saved_cursor,
 )
@@ -201,10 +201,10 @@ class TestReaderKilled:
             wait_for(lambda: len(classified(state)) == 1, what="the first crash")
             for _round in range(3):
                 wait_for(
-                    lambda: any(is_reader(p) for p in children(sup.pid)),
+                    lambda: any(is_follower(p) for p in children(sup.pid)),
                     what=f"a {reader} reader child",
                 )
-                child = next(p for p in children(sup.pid) if is_reader(p))
+                child = next(p for p in children(sup.pid) if is_follower(p))
                 for _ in range(3):
                     serial += 1
                     writer.write(crash("unknown", serial))

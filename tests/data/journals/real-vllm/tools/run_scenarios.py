@@ -7,15 +7,16 @@ Uses the booted_container() helper of vllm-supervisor's tests/e2e/nspawn.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, "/work/main/tests/e2e")
+sys.path.insert(0, str(Path(__file__).resolve().parents[5] / "tests" / "e2e"))
 from nspawn import Container, booted_container, wait_for  # noqa: E402
 
-ROOT = "/opt/vllm-real"
+ROOT = os.environ.get("VLLM_REAL_ROOT", "/opt/vllm-real")
 CPU_API = f"{ROOT}/cpu/bin/python -m vllm.entrypoints.openai.api_server"
 TINY = f"{ROOT}/models/tiny"
 LOOP = "Environment=VLLM_HOST_IP=127.0.0.1"  # keep vLLM's own sockets on loopback

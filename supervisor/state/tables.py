@@ -1,0 +1,185 @@
+"""The repositories of the store's own tables: the checkpoint (`meta`), the policy's memory
+(`unit_state`), the crash history (`history`) and the actions decided, not yet taken
+(`pending_action`). Each is the only SQL of its table; it works on the connection it is given
+(the writer's inside a unit of work, or the reader's)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from ..model import Ended, Outcome
+from ..records import Pending, ended_record, outcome_record, pending_from_record
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """Where reading resumes.
+
+    `cursor` is the last entry fully handled. `replay_from` is the first entry of the oldest
+    invocation still open at that point: reading restarts there so the open invocation's lines
+    are tracked again, but nothing up to `cursor` is acted on a second time.
+    """
+
+    cursor: str | None = None
+    replay_from: str | None = None
+
+
+class Meta:
+    """`meta`: the checkpoint."""
+
+    TABLES: ClassVar[tuple[str, ...]] = ("meta",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def checkpoint(self) -> Checkpoint:
+        rows = dict(
+            self._db.execute("SELECT key, value FROM meta WHERE key IN ('cursor','replay')")
+        )
+        return Checkpoint(cursor=rows.get("cursor"), replay_from=rows.get("replay"))
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        for key, value in (("cursor", checkpoint.cursor), ("replay", checkpoint.replay_from)):
+            if value is None:
+                self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+class UnitStates:
+    """`unit_state`: the policy's memory per unit."""
+
+    TABLES: ClassVar[tuple[str, ...]] = ("unit_state",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        rows = self._db.execute("SELECT unit, state FROM unit_state")
+        return {unit: json.loads(state) for unit, state in rows}
+
+    def save(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO unit_state VALUES (?, ?)",
+            [(unit, dump(state)) for unit, state in states.items()],
+        )
+
+
+class History:
+    """`history`: every classified invocation, once, as the triage JSON."""
+
+    TABLES: ClassVar[tuple[str, ...]] = ("history",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def add(self, outcomes: Sequence[Outcome], now: float) -> None:
+        """Record the outcomes (a replayed one is already there and stays as it was)."""
+        self._db.executemany(
+            "INSERT OR IGNORE INTO history (unit, invocation_id, time, outcome)"
+            " VALUES (?, ?, ?, ?)",
+            [
+                (o.invocation.unit, o.invocation.invocation_id, now, dump(o.to_json()))
+                for o in outcomes
+            ],
+        )
+
+    def mark_notified(self, invocations: Iterable[tuple[str | None, str | None]]) -> None:
+        """Mark recorded invocations (unit, invocation id) as told."""
+        self._db.executemany(
+            "UPDATE history SET notified = 1 WHERE unit IS ? AND invocation_id IS ?",
+            list(invocations),
+        )
+
+    def add_note(self, unit: str | None, invocation_ids: Sequence[str], note: str) -> None:
+        """Append `note` to the verdict notes of invocations already recorded."""
+        for invocation_id in invocation_ids:
+            row = self._db.execute(
+                "SELECT id, outcome FROM history WHERE unit IS ? AND invocation_id = ?",
+                (unit, invocation_id),
+            ).fetchone()
+            if row is None:
+                continue
+            outcome = json.loads(row[1])
+            notes = outcome.setdefault("verdict", {}).setdefault("notes", [])
+            if note not in notes:
+                notes.append(note)
+                self._db.execute(
+                    "UPDATE history SET outcome = ? WHERE id = ?", (dump(outcome), row[0])
+                )
+
+    def items(self, unit: str | None = None) -> list[dict[str, Any]]:
+        """Oldest first: the triage JSON plus `time` (ISO 8601) and `notified`."""
+        sql = "SELECT time, outcome, notified FROM history"
+        args: tuple[Any, ...] = ()
+        if unit is not None:
+            sql, args = sql + " WHERE unit = ?", (unit,)
+        result = []
+        for when, outcome, notified in self._db.execute(sql + " ORDER BY id", args):
+            item = json.loads(outcome)
+            item["time"] = datetime.fromtimestamp(when, UTC).isoformat()
+            item["notified"] = bool(notified)
+            result.append(item)
+        return result
+
+
+class PendingActions:
+    """`pending_action`: invocations ended in a committed batch and not yet decided, and
+    actions decided and not yet taken."""
+
+    TABLES: ClassVar[tuple[str, ...]] = ("pending_action",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def add(self, ended: Sequence[Ended]) -> None:
+        """Ended invocations, to be decided (one already pending stays as it is)."""
+        self._db.executemany(
+            "INSERT OR IGNORE INTO pending_action (unit, key, outcome) VALUES (?, ?, ?)",
+            [(e.invocation.unit, key(e), dump(ended_record(e))) for e in ended],
+        )
+
+    def decide(self, decided: Sequence[Outcome]) -> None:
+        """The pending records become the decisions, to be acted on."""
+        self._db.executemany(
+            "INSERT INTO pending_action (unit, key, outcome) VALUES (?, ?, ?) "
+            "ON CONFLICT (unit, key) DO UPDATE SET outcome = excluded.outcome",
+            [(o.invocation.unit, key(o), dump(outcome_record(o))) for o in decided],
+        )
+
+    def clear(self, taken: Sequence[Outcome]) -> None:
+        self._db.executemany(
+            "DELETE FROM pending_action WHERE unit IS ? AND key = ?",
+            [(o.invocation.unit, key(o)) for o in taken],
+        )
+
+    def load(self) -> tuple[list[Pending], list[str]]:
+        """The records, oldest first; and one line for each record that cannot be read (it
+        stays, for a person to look at)."""
+        rows = self._db.execute("SELECT unit, key, outcome FROM pending_action ORDER BY id")
+        outcomes: list[Pending] = []
+        unreadable = []
+        for unit, name, text in rows:
+            try:
+                outcomes.append(pending_from_record(json.loads(text)))
+            except (ValueError, KeyError, TypeError) as exc:
+                unreadable.append(f"{unit} {name}: {type(exc).__name__}: {exc}")
+        return outcomes, unreadable
+
+
+STORE_TABLES = (Meta, UnitStates, History, PendingActions)
+
+
+def key(pending: Pending) -> str:
+    """What identifies an invocation of its unit: its id, else its last entry's cursor."""
+    inv = pending.invocation
+    return inv.invocation_id or f"cursor:{inv.last_cursor}"
+
+
+def dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
