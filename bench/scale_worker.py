@@ -76,7 +76,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         # Every decided outcome is acted on and committed as taken here, in its unit's lane.
         await carry_out(self, unit, jobs)
         now = time.monotonic()
-        decisions.extend((now, unit) for j in jobs if j.outcome.invocation.failed)
+        decisions.extend((now, unit) for j in jobs if _failed(j))
         if len(decisions) >= spec["expect"]:
             decided_all.set()
 
@@ -125,6 +125,15 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "child_anon_mb": child.get("RssAnon", 0) / 1024,
         "cpu_s": cpu,
     }
+
+
+def _failed(job: Any) -> bool:
+    """Was this job's invocation a failed one? The outcome as recorded (`Job.recorded`); a
+    checkout from before it carried the outcome itself (`Job.outcome`)."""
+    recorded = getattr(job, "recorded", None)
+    if recorded is not None:
+        return recorded.done() and bool(recorded.result().invocation.failed)
+    return bool(job.outcome.invocation.failed)
 
 
 async def _caught_up(daemon: Any, deadline: float, last: str | None) -> float | None:

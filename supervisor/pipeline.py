@@ -34,7 +34,9 @@ from .model import (
     Verdict,
     phase_of,
 )
+from .track.tracker import Drained as Drained  # what `due` takes
 from .track.tracker import InvocationTracker
+from .track.tracker import Now as Now
 from .track.tracker import SuppressionNotice as SuppressionNotice  # what take_notices returns
 
 Observer = Callable[[Outcome, float], None]
@@ -121,18 +123,10 @@ class Pipeline:
             action="this entry was skipped; supervision goes on",
         )
 
-    def flush_due(self, now_us: int) -> list[Ended]:
-        """The ended invocations whose late-line window has passed by journal time."""
-        return [self.examine(inv) for inv in self.tracker.flush_due(now_us)]
-
-    def flush_quiet(self) -> list[Ended]:
-        """The ended invocations whose late-line window has passed (a quiet journal)."""
-        return [self.examine(inv) for inv in self.tracker.flush_quiet()]
-
-    def flush_drained(self, host: str, read_before: float) -> list[Ended]:
-        """`host`'s ended invocations whose late lines are known to be read (the daemon asked
-        journald's streams and the reader; see InvocationTracker.flush_drained)."""
-        return [self.examine(inv) for inv in self.tracker.flush_drained(host, read_before)]
+    def due(self, now: Now, drained: Drained | None = None) -> list[Ended]:
+        """The ended invocations whose wait for their late lines is over at `now`, or whose
+        host drained (supervisor.track.settle), their lines read."""
+        return [self.examine(inv) for inv in self.tracker.due(now, drained)]
 
     def close_hung(self, unit: str, host: str | None, invocation_id: str | None) -> Ended | None:
         """End the open invocation as hung (its engine died, the unit stays up); None when it

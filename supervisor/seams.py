@@ -115,9 +115,13 @@ class StatusReporter(Protocol):
     def status(self, text: str) -> None: ...
 
 
-class UnitStates(Protocol):
-    """Reads a unit's state and command line (supervisor.actions.systemd.SystemdClient)."""
+class UnitStateSource(Protocol):
+    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
 
     async def unit_state(self, unit: str) -> UnitState: ...
+
+
+class UnitStates(UnitStateSource, Protocol):
+    """Reads a unit's state and command line (supervisor.actions.systemd.SystemdClient)."""
 
     async def exec_start(self, unit: str) -> list[str]: ...

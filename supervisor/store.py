@@ -31,7 +31,7 @@ from .migrations import migrate
 from .model import Ended, Outcome
 from .records import Pending
 from .state.reader import StateReader
-from .state.tables import STORE_TABLES, Checkpoint, History, Meta, PendingActions, UnitStates
+from .state.tables import STORE_TABLES, Checkpoint, History, Meta, PendingActions, UnitStateTable
 from .state.writer import Repository, StateWriter, Work
 from .util.files import make_dirs, private_file
 
@@ -200,7 +200,7 @@ class Store:
 
     def load_unit_states(self) -> dict[str, dict[str, Any]]:
         """The policy's saved memory per unit."""
-        return self.read(lambda db: UnitStates(db).load())
+        return self.read(lambda db: UnitStateTable(db).load())
 
     def commit_batch(
         self,
@@ -274,7 +274,7 @@ def _batch(
         pending.decide(decided)
         pending.clear(outcomes)
         Meta(db).save(checkpoint)
-        UnitStates(db).save(unit_states)
+        UnitStateTable(db).save(unit_states)
         History(db).add(outcomes, now())
         for write in extra:
             write(db)

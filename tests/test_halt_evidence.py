@@ -462,3 +462,16 @@ def test_a_malformed_environment_never_lifts_a_halt(tmp_path: Path, fingerprint:
     records = Quarantine(tmp_path / "run" / "quarantine")
     records.write(UNIT, {"signature": "x", "environment": fingerprint})
     assert gate(tmp_path)[0] == EXIT_QUARANTINED
+
+
+async def test_a_record_that_cannot_be_written_says_why_in_the_halt(tmp_path: Path) -> None:
+    """The halt's detail (history's `taken_detail`, the messages) names the unit and the
+    reason the record was not written, not only that it was not."""
+    (tmp_path / "run").write_text("a file where the runtime directory should be\n")
+    halter = Halter(Quarantine(tmp_path / "run" / "quarantine"), None, attempts=1, timeout_s=1.0)
+    result = await halter.halt(UNIT, outcome(CUBIN_MISMATCH, Rule.FATAL_SIGNATURE), stop=False)
+    assert result.quarantined is None
+    assert result.detail.startswith(f"could not quarantine {UNIT}: NotADirectoryError: "), (
+        result.detail
+    )
+    assert result.detail.endswith("no stop was asked: systemd may start it again")

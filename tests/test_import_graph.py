@@ -35,6 +35,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("supervisor.seams",),
     ("supervisor.journal",),
     ("supervisor.environment",),
+    # The tracker's parts: what a run keeps and when it settles, its state machine, the tracker.
+    ("supervisor.track.retention", "supervisor.track.settle"),
+    ("supervisor.track.invocations",),
     ("supervisor.track",),
     ("supervisor.classify",),
     ("supervisor.decide",),

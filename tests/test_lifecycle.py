@@ -9,7 +9,7 @@ import pytest
 
 from vllm_supervisor.config import TrackerConfig
 from vllm_supervisor.model import Ending, Invocation, JournalEntry, LifecycleEvent
-from vllm_supervisor.track.tracker import InvocationTracker
+from vllm_supervisor.track.tracker import InvocationTracker, Now
 
 UNIT = "vllm.service"
 _cursors: Iterator[int] = itertools.count()
@@ -51,7 +51,7 @@ def feed_all(tracker: InvocationTracker, entries: list[JournalEntry]) -> list[In
     ended: list[Invocation] = []
     for entry in entries:
         ended += tracker.feed(entry)
-    return ended + tracker.flush_due(1 << 62)
+    return ended + tracker.due(Now(journal_us=1 << 62))
 
 
 EXITED = event(LifecycleEvent.PROCESS_EXITED, EXIT_CODE="exited", EXIT_STATUS="1")
@@ -245,7 +245,7 @@ class TestLateLines:
         assert tracker.feed(line("a")) == []
         assert tracker.feed(failed) == []
         assert tracker.feed(late) == []
-        (inv,) = tracker.flush_due(late.realtime_us + 1_000_000)
+        (inv,) = tracker.due(Now(journal_us=late.realtime_us + 1_000_000))
         assert [x.text for x in inv.lines] == ["a", "RuntimeError: the real cause"]
 
     def test_next_start_cuts_the_wait_for_late_lines(self) -> None:
@@ -269,7 +269,7 @@ class TestLateLines:
         for n in range(1, 40):  # one line every 0.1 s, for 4 s after the end
             assert tracker.feed(line(f"flood {n}", at_us=1_100_000 + n * 100_000)) == []
         assert tracker.feed(line("RuntimeError: the cause", at_us=5_100_000)) == []
-        (inv,) = tracker.flush_due(5_500_000)
+        (inv,) = tracker.due(Now(journal_us=5_500_000))
         assert inv.lines[-1].text == "RuntimeError: the cause"
 
     def test_the_wait_for_a_flood_is_bounded(self) -> None:
@@ -294,13 +294,13 @@ class TestLateLines:
         assert tracker.feed(line("RuntimeError: cause", inv="B", pid=10, at_us=1_300_000)) == []
         # A process the ended run never had is not taken for one of its own.
         assert tracker.feed(line("INFO gate", inv="B", pid=11, at_us=1_310_000)) == []
-        (a,) = tracker.flush_due(1_700_000)
+        (a,) = tracker.due(Now(journal_us=1_700_000))
         assert (a.invocation_id, [x.text for x in a.lines][-1]) == ("A", "RuntimeError: cause")
         # Once PID 1 says B's main process started, B's lines are its own.
         tracker.feed(event(LifecycleEvent.JOB_STARTED, inv="B", at_us=1_800_000))
         tracker.feed(line("INFO serving", inv="B", pid=20, at_us=1_900_000))
         tracker.feed(event(LifecycleEvent.UNIT_FAILED, inv="B", at_us=2_000_000))
-        (b,) = tracker.flush_due(3_000_000)
+        (b,) = tracker.due(Now(journal_us=3_000_000))
         assert [x.text for x in b.lines] == ["INFO gate", "INFO serving"]
 
     def test_zero_settle_decides_on_the_failed_message(self) -> None:
@@ -308,3 +308,20 @@ class TestLateLines:
         tracker = InvocationTracker(TrackerConfig(settle_s=0))
         tracker.feed(line("a"))
         assert len(tracker.feed(event(LifecycleEvent.UNIT_FAILED))) == 1
+
+
+def test_a_run_closed_as_hung_takes_nothing_more() -> None:
+    """The hang watcher keeps no list of its own: once closed as hung, the run's late line and
+    PID 1's messages about its end are dropped by the tracker, never a second end."""
+    tracker = InvocationTracker(TrackerConfig(settle_s=0))
+    tracker.feed(line("EngineDeadError", inv="H"))
+    closed = tracker.close(UNIT, None, "H", Ending.HUNG)
+    assert closed is not None and closed.ending is Ending.HUNG
+    after = [
+        line("INFO shutting down", inv="H"),
+        event(LifecycleEvent.PROCESS_EXITED, inv="H", EXIT_CODE="exited", EXIT_STATUS="1"),
+        event(LifecycleEvent.UNIT_FAILED, inv="H", UNIT_RESULT="exit-code"),
+        event(LifecycleEvent.JOB_STOPPED, inv="H", JOB_TYPE="stop"),
+    ]
+    assert feed_all(tracker, after) == []
+    assert tracker.late_lines == 1

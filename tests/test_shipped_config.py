@@ -12,7 +12,7 @@ from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.config import Config, UnitConfig, load_config, parse_listen
 from vllm_supervisor.journal.export import decode_all
 from vllm_supervisor.journal.writer import crashed_invocation
-from vllm_supervisor.pipeline import Pipeline
+from vllm_supervisor.pipeline import Now, Pipeline
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "supervisor.toml"
 SECTIONS = ("journal", "tracker", "state", "slack", "metrics", "systemd", "drift", "signatures")
@@ -81,7 +81,7 @@ class TestShippedConfig:
                 | {k.encode(): str(v).encode() for k, v in fields.items()}
                 for i, fields in enumerate(crashed_invocation(unit, [crash]))
             ]
-            ended = pipeline.feed(decode_all(raw)) + pipeline.flush_due(1 << 62)
+            ended = pipeline.feed(decode_all(raw)) + pipeline.due(Now(journal_us=1 << 62))
             [outcome] = pipeline.decide_all(ended)
             outcomes[unit] = outcome
         assert outcomes["vllm.service"].verdict.signature == "flashinfer_cubin_mismatch"

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from vllm_supervisor.config import TrackerConfig
 from vllm_supervisor.model import Invocation, JournalEntry, LifecycleEvent
-from vllm_supervisor.track.tracker import InvocationTracker, line_cost
+from vllm_supervisor.track.retention import line_cost
+from vllm_supervisor.track.tracker import InvocationTracker, Now
 
 UNIT = "vllm.service"
 KIB = 1024
@@ -69,7 +70,7 @@ def run(tracker: InvocationTracker, entries: list[JournalEntry]) -> list[Invocat
     ended: list[Invocation] = []
     for entry in entries:
         ended += tracker.feed(entry)
-    return ended + tracker.flush_due(1 << 62)
+    return ended + tracker.due(Now(journal_us=1 << 62))
 
 
 def kept_bytes(invocation: Invocation) -> int:

@@ -21,7 +21,7 @@ from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.config import Config, TrackerConfig, UnitConfig
 from vllm_supervisor.model import Ending, JournalEntry, LifecycleEvent
 from vllm_supervisor.pipeline import Pipeline
-from vllm_supervisor.track.tracker import InvocationTracker
+from vllm_supervisor.track.tracker import InvocationTracker, Now
 
 UNITS = ("vllm.service", "sglang.service")
 HOSTS = (None, "a" * 32, "b" * 32)
@@ -166,13 +166,14 @@ class TestTrackerIsTotal:
     ) -> None:
         """No order of entries raises; each invocation ends once; each line is counted once."""
         ticks = itertools.count()
-        tracker = InvocationTracker(CAPS, clock=lambda: float(next(ticks)))
+        clock = lambda: float(next(ticks))  # noqa: E731
+        tracker = InvocationTracker(CAPS, clock=clock)
         entries, lines = _entries(specs)
         ended = []
         for n, entry in enumerate(entries):
             ended += tracker.feed(entry)
             if flush_every and n % flush_every == 0:
-                ended += tracker.flush_quiet()
+                ended += tracker.due(Now(read=clock()))
         ended += tracker.close_all()
         named = Counter(
             (i.host, i.unit, i.invocation_id) for i in ended if i.invocation_id is not None
@@ -198,7 +199,7 @@ class TestPipelineIsTotal:
         config = Config(units=tuple(UnitConfig(name=u) for u in UNITS), tracker=CAPS)
         pipeline = Pipeline(config, self.TABLE)
         entries, _ = _entries(specs)
-        ended = pipeline.feed(entries) + pipeline.flush_due(1 << 62) + pipeline.finish()
+        ended = pipeline.feed(entries) + pipeline.due(Now(journal_us=1 << 62)) + pipeline.finish()
         outcomes = pipeline.decide_all(ended)
         assert pipeline.skipped_entries == 0
         named = Counter(

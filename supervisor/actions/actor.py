@@ -24,12 +24,12 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol
 
 import structlog
 
 from ..errors import SystemdError
 from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
+from ..seams import UnitStateSource
 from ..telemetry.metrics import Metrics
 from ..util.aio import Nursery
 from .halt import Halter, HaltResult
@@ -42,19 +42,13 @@ GATE_WATCH_S = 120.0  # how long a gate that has not asked us is watched
 GATE_POLL_S = 0.05
 
 
-class UnitStates(Protocol):
-    """Reads a unit's state (supervisor.actions.systemd.SystemdClient)."""
-
-    async def unit_state(self, unit: str) -> UnitState: ...
-
-
 class Actor:
     """Turns decided outcomes into actions on systemd, each confirmed first."""
 
     def __init__(
         self,
         halter: Halter,
-        systemd: UnitStates | None,
+        systemd: UnitStateSource | None,
         metrics: Metrics,
         *,
         gate_waiting: Callable[[str], bool] = lambda unit: False,

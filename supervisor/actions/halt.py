@@ -41,7 +41,6 @@ class HaltResult:
     error: SystemdError | None  # the final systemd failure, after retries
     latency_s: float  # from the call to the end of the stop
     stop_job: str | None = None  # the D-Bus job path of StopUnit, when one was issued
-    quarantine_error: str | None = None  # why the record could not be written
     detail: str = ""  # one human sentence: what was done
     # The invocation of the halt that already stood (its record is kept, its count raised).
     repeat_of: str | None = None
@@ -113,9 +112,8 @@ class Halter:
             quarantined=path,
             error=error,
             stop_job=job,
-            quarantine_error=q_error,
             latency_s=latency_s,
-            detail=_describe(unit, path, stop, stopped, job, error),
+            detail=_describe(unit, (path, q_error), stop, stopped, job, error),
         )
 
     async def _keep_environment(self, unit: str, invocation_id: str | None) -> None:
@@ -262,15 +260,20 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
 
 def _describe(
     unit: str,
-    path: Path | None,
+    record: tuple[Path | None, str | None],
     asked: bool,
     stopped: bool,
     job: str | None,
     error: SystemdError | None,
 ) -> str:
-    parts = [f"quarantined {unit} at {path}" if path else f"could not quarantine {unit}"]
+    path, why_not = record
+    parts = [f"quarantined {unit} at {path}" if path else f"could not quarantine {unit}: {why_not}"]
     if not asked:
-        parts.append("its gate refuses the restart under way or pending")
+        parts.append(
+            "its gate refuses the restart under way or pending"
+            if path
+            else "no stop was asked: systemd may start it again"
+        )
     elif error is not None:
         parts.append(f"stop failed ({error.reason}): {error}")
     elif job:

@@ -44,7 +44,7 @@ HEALTH_TIMEOUT_S = 2.0
 SYSTEMD_TIMEOUT_S = 2.0
 
 NO_SUCH_UNIT = "no such unit"  # systemd's LoadState=not-found
-UnitStates = Callable[[Sequence[str]], dict[str, UnitState | str]]
+UnitStateLookup = Callable[[Sequence[str]], dict[str, UnitState | str]]
 Health = Callable[[str], tuple[bool, dict[str, Any]] | str]
 ReaderRestarts = Callable[[str], int | None]
 READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
@@ -114,7 +114,7 @@ def gather(
     config: Config,
     units: Sequence[str],
     *,
-    unit_states: UnitStates | None = None,
+    unit_states: UnitStateLookup | None = None,
     health: Health | None = None,
 ) -> Status:
     """Read every source for `units` (the configured ones by default)."""
@@ -436,7 +436,7 @@ def status_main(
     *,
     output_format: str = "text",
     out: TextIO,
-    unit_states: UnitStates | None = None,
+    unit_states: UnitStateLookup | None = None,
     health: Health | None = None,
 ) -> int:
     """Print the status; the exit code says halted (1), daemon down (3) or healthy (0)."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -73,7 +72,6 @@ _ENDING = frozenset(
 )
 HEALTH_TIMEOUT_S = 5.0
 RETRY_S = 5.0  # a confirmation that could not be made (systemd did not answer) is retried
-_HUNG_REMEMBERED = 64  # invocations closed as hung whose later lines are ignored, per daemon
 # What may stand before a death phrase at the start of a line: a bare level word, and a
 # module path before an exception class (`vllm.v1.engine.exceptions.EngineDeadError: ...`).
 _QUALIFIER = re.compile(r"^(?:(?:ERROR|CRITICAL|WARNING):?\s+)?(?:[A-Za-z_]\w*\.)*(?=[A-Z])")
@@ -224,23 +222,18 @@ class HangWatcher:
         self._clock = clock
         self._systemd_timeout_s = systemd_timeout_s
         self._wake = asyncio.Event()
-        self._hung: deque[tuple[str, str]] = deque(maxlen=_HUNG_REMEMBERED)
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
-        """Note death lines; drop the later lines of an invocation already closed as hung.
+        """Note death lines; the batch passes unchanged.
 
-        A hung invocation is closed before systemd ends it; its last lines and PID 1's messages
-        about its end would otherwise open it again and end it a second time, as a clean stop
-        that resets the policy's streak of identical crashes.
+        A hung invocation is closed before systemd ends it; the tracker remembers it closed, so
+        its last lines and PID 1's messages about its end are dropped there, never a second end.
         """
         before = self.detector.next_due()
-        kept = batch
-        if self._hung:  # nearly always empty: no tuple per entry then
-            kept = [e for e in batch if (e.unit or "", e.invocation_id or "") not in self._hung]
-        self.detector.observe_batch(kept)
+        self.detector.observe_batch(batch)
         if self.detector.next_due() != before:
             self._wake.set()
-        return kept
+        return batch
 
     async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
         """No evidence of its own (the batch-hook protocol): a hang is the invocation's ending."""
@@ -279,8 +272,6 @@ class HangWatcher:
         outcome = await supervision.end_hung(unit, host, invocation_id)
         if outcome is None:
             return None
-        if outcome.invocation.invocation_id is not None:
-            self._hung.append((unit, outcome.invocation.invocation_id))
         log.warning(
             "engine_hung",
             unit=unit,

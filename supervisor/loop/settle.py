@@ -17,7 +17,7 @@ import structlog
 
 from ..journal.streams import count_streams
 from ..model import Ended
-from ..pipeline import Pipeline
+from ..pipeline import Drained, Now, Pipeline
 from ..seams import JournalSource
 from ..util.aio import first_of
 
@@ -65,7 +65,7 @@ class Settler:
                     delay = min(delay, DRAIN_POLL_S)
                 await first_of(self._ending.wait(), stop.wait(), at_most_s=delay)
                 continue
-            await decided(self._pipeline.flush_quiet())
+            await decided(self._pipeline.due(Now(read=time.monotonic())))
 
     async def _decide_drained(self, within_s: float, decided: Decided) -> bool:
         """Decide this host's ended invocations if journald has written every line of the dead
@@ -82,7 +82,7 @@ class Settler:
             )
         if streams.dying or not await self._reader.sync(within_s):
             return False
-        ended = self._pipeline.flush_drained(self._machine_id, asked)
+        ended = self._pipeline.due(Now(), Drained(self._machine_id, asked))
         await decided(ended)
         return bool(ended)
 

@@ -51,7 +51,7 @@ class Meta:
                 self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
 
-class UnitStates:
+class UnitStateTable:
     """`unit_state`: the policy's memory per unit."""
 
     TABLES: ClassVar[tuple[str, ...]] = ("unit_state",)
@@ -172,7 +172,7 @@ class PendingActions:
         return outcomes, unreadable
 
 
-STORE_TABLES = (Meta, UnitStates, History, PendingActions)
+STORE_TABLES = (Meta, UnitStateTable, History, PendingActions)
 
 
 def key(pending: Pending) -> str:
