@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from packaged import Built, build, install, tracked_copy, wheelhouse
 
+from vllm_supervisor.commands.setup import CLI_DOCS
+
 REPO = Path(__file__).resolve().parent.parent
 READER = "vllm_supervisor/journal/vllm-supervisor-journal-reader"
 
@@ -193,7 +195,8 @@ def test_the_deploy_files_setup_installs_are_in_the_package(venv: Path) -> None:
     """`setup` runs from a pip install: its templates ship inside the package."""
     code = (
         "from vllm_supervisor.commands import setup; from pathlib import Path;"
-        "print(sorted(str(p.relative_to(setup.DEPLOY)) for p in setup.DEPLOY.rglob('*.*')))"
+        "print(sorted(str(p.relative_to(setup.DEPLOY)) for p in setup.DEPLOY.rglob('*')"
+        " if p.is_file()))"
     )
     listed = run(venv / "bin" / "python", "-I", "-c", code)
     count = (
@@ -207,5 +210,6 @@ def test_the_deploy_files_setup_installs_are_in_the_package(venv: Path) -> None:
         "polkit/50-vllm-supervisor.rules",
         "sysusers.d/vllm-supervisor.conf",
         "catalog/vllm-supervisor.catalog",
+        *(f"cli/{name}" for name in CLI_DOCS),  # setup copies them to /usr/local/share
     ):
         assert name in listed

@@ -54,6 +54,7 @@ TARGETS = {
     "POLKIT_FILE": "etc/polkit-1/rules.d/50-vllm-supervisor.rules",
     "CATALOG_FILE": "usr/local/lib/systemd/catalog/vllm-supervisor.catalog",
     "CREDENTIAL_FILE": "etc/vllm-supervisor/slack-webhook",
+    "SHARE_DIR": "usr/local/share",  # the man page and the completions
 }
 
 
@@ -77,7 +78,8 @@ class Host:
         """Every file setup writes for UNITS (the served venvs need no bind: none)."""
         names = ("DAEMON_UNIT_FILE", "SYSUSERS_FILE", "POLKIT_FILE", "CATALOG_FILE")
         drop_ins = [self.target("UNIT_DIR") / f"{u}.d" / setup.DROP_IN for u in UNITS]
-        return [*map(self.target, names), *drop_ins, self.target("CREDENTIAL_FILE")]
+        docs = [self.target("SHARE_DIR") / name for name in setup.CLI_DOCS]
+        return [*map(self.target, names), *drop_ins, *docs, self.target("CREDENTIAL_FILE")]
 
     def written(self) -> list[Path]:
         """Every file (not directory) under the fake /."""

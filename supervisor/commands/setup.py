@@ -2,13 +2,15 @@
 
 From the config's [[unit]] list it writes the supervisor's unit, its sysusers.d entry, a
 drop-in with the gate for every served unit, a polkit rule generated from the same unit names
-(one source of truth for who may be stopped), and the journal catalog; creates the user;
+(one source of truth for who may be stopped), the journal catalog, and the man page and
+shell completions where man, bash and zsh look (/usr/local/share); creates the user;
 checks the units with `systemd-analyze verify`; reloads systemd and the catalog; and enables
 and starts the daemon. Run again, it rewrites only what changed. `--print` shows the files and
 changes nothing; `--uninstall` stops the daemon and removes every file it wrote (`--purge`
 also its state, runtime directory and user). What it cannot do is refused in one line.
 
-Every file it writes starts with MARKER, so `--uninstall` removes only its own files.
+Every file it writes starts with MARKER (a zsh completion: its second line, after `#compdef`),
+so `--uninstall` removes only its own files.
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ CATALOG_FILE = Path("/usr/local/lib/systemd/catalog/vllm-supervisor.catalog")
 DROP_IN = "10-vllm-supervisor.conf"
 ENVIRONMENTS_DROP_IN = UNIT_DIR / f"{DAEMON_UNIT}.d" / "20-served-environments.conf"
 CREDENTIAL_FILE = Path("/etc/vllm-supervisor/slack-webhook")  # the unit's LoadCredential=
+# man, bash-completion and zsh search /usr/local/share without being told; a venv's share/,
+# where the wheel puts the same files, none of them searches.
+SHARE_DIR = Path("/usr/local/share")
+# The man page and the completions generated from the parser (supervisor/cli_docs.py writes
+# them into deploy/cli/ in share/'s layout; the package carries them as data/deploy/cli/).
+CLI_DOCS = (
+    "man/man1/vllm-supervisor.1",
+    "bash-completion/completions/vllm-supervisor",
+    "zsh/site-functions/_vllm-supervisor",
+)
 TRUST_TOP = Path("/")  # where the checks of what root may trust stop (tests: their temp dir)
 INSTALL_HINT = (
     "install into a root-owned venv (python3 -m venv /opt/vllm-supervisor &&"
@@ -64,6 +76,7 @@ INSTALL_HINT = (
     " /tmp, /var/tmp"
 )
 POLKIT_ACCOUNTS = ("polkitd", "polkit")
+ZSH_FIRST_LINE = "#compdef "
 _PYTHON_VERSION = re.compile(r"^python(\d+\.\d+)")
 
 Run = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
@@ -122,6 +135,8 @@ def planned_files(
         f"{DEFAULT_PROGRAM} gate{SHIPPED_GATE_DIRS} %n", f"{program} gate{flag}{directories} %n"
     )
     files += [InstalledFile(drop_in(unit), gate) for unit in units]
+    if not _the_wheel_installed_them():
+        files += [InstalledFile(SHARE_DIR / name, _template(f"cli/{name}")) for name in CLI_DOCS]
     pythons = {**(interpreters or {}), **{u.name: u.python for u in config.units if u.python}}
     visible = served_environments(pythons.values())
     if visible:
@@ -217,9 +232,23 @@ def _template(name: str) -> str:
         raise SetupError(f"{path}: the packaged deploy file is missing: {exc.strerror}") from exc
 
 
+def _the_wheel_installed_them() -> bool:
+    """Whether this installation's own share/ is SHARE_DIR (a system-wide install into
+    /usr/local): the wheel's data files put the man page and completions there already."""
+    return os.path.realpath(Path(sys.prefix) / "share") == os.path.realpath(SHARE_DIR)
+
+
 def _marked(text: str) -> str:
+    """`text` with MARKER as a comment of its language, first; second after a zsh
+    completion's `#compdef`, which compinit reads on the first line only."""
+    mark = MARKER.removeprefix("# ")
+    first, _, rest = text.partition("\n")
+    if first.startswith(ZSH_FIRST_LINE):
+        return f"{first}\n# {mark}\n{rest}"
+    if text.startswith(".TH"):  # a man page: a roff comment
+        return f'.\\" {mark}\n{text}'
     comment = "//" if text.lstrip().startswith("//") else "#"
-    return f"{comment} {MARKER.removeprefix('# ')}\n{text}"
+    return f"{comment} {mark}\n{text}"
 
 
 def _is_ours(path: Path) -> bool:
@@ -228,7 +257,11 @@ def _is_ours(path: Path) -> bool:
         text = read_regular(path)
     except OSError:
         return False
-    return text is not None and MARKER.removeprefix("# ") in text.partition("\n")[0]
+    if text is None:
+        return False
+    first, second = [*text.split("\n", 2), "", ""][:2]
+    mark = MARKER.removeprefix("# ")
+    return mark in first or (first.startswith(ZSH_FIRST_LINE) and mark in second)
 
 
 def _command(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -380,6 +413,7 @@ def uninstall(config: Config, *, purge: bool = False, out: TextIO, run: Run = _c
     run(("systemctl", "disable", "--now", DAEMON_UNIT))
     candidates = [DAEMON_UNIT_FILE, ENVIRONMENTS_DROP_IN, SYSUSERS_FILE, POLKIT_FILE, CATALOG_FILE]
     candidates += [drop_in(u.name) for u in config.units]
+    candidates += [SHARE_DIR / name for name in CLI_DOCS]
     candidates += sorted(UNIT_DIR.glob(f"*.d/{DROP_IN}"))  # units dropped from the config
     for path in dict.fromkeys(candidates):
         if path.exists() and _is_ours(path):
@@ -586,7 +620,8 @@ def alias_note(alias: str, real: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`setup`: the supervisor's unit, user, drop-ins, polkit rule and catalog, from the config."""
+    """`setup`: the supervisor's unit, user, drop-ins, polkit rule, catalog, man page and shell
+    completions, from the config."""
     path = (args.config or INSTALLED_CONFIG).absolute()
     config = load_config(path) if path.is_file() or not args.uninstall else load_config(None)
     program = args.program or default_program()

@@ -56,6 +56,9 @@ INSTALLED = (
     "/etc/polkit-1/rules.d/50-vllm-supervisor.rules",
     f"/etc/systemd/system/{UNIT}.d/10-vllm-supervisor.conf",
     "/usr/local/lib/systemd/catalog/vllm-supervisor.catalog",
+    "/usr/local/share/man/man1/vllm-supervisor.1",
+    "/usr/local/share/bash-completion/completions/vllm-supervisor",
+    "/usr/local/share/zsh/site-functions/_vllm-supervisor",
 )
 
 
@@ -63,8 +66,10 @@ INSTALLED = (
 def bare(tmp_path: Path, built: Built) -> Iterator[Container]:
     """A booted container with the built wheel and the wheels of its dependencies, nothing
     installed. Its python3 is the host's /usr (Debian's), not the test's interpreter."""
-    local_lib = tmp_path / "local-lib"
+    # The container's /usr is the host's, read-only: what setup writes under /usr/local.
+    local_lib, local_share = tmp_path / "local-lib", tmp_path / "local-share"
     local_lib.mkdir()
+    local_share.mkdir()
     binds = [
         (built.wheel.parent, "/opt/vsup/dist"),
         (wheelhouse(), "/opt/vsup/wheels"),
@@ -72,7 +77,9 @@ def bare(tmp_path: Path, built: Built) -> Iterator[Container]:
         (DATA, "/opt/vsup/e2e"),
     ]
     with booted_container(
-        binds, workdir=tmp_path, writable=[(local_lib, "/usr/local/lib")]
+        binds,
+        workdir=tmp_path,
+        writable=[(local_lib, "/usr/local/lib"), (local_share, "/usr/local/share")],
     ) as booted:
         yield booted
 
