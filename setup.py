@@ -73,12 +73,14 @@ setup(
         Extension(
             "vllm_supervisor.journal._rows",
             sources=["supervisor/journal/_rows.c"],
+            depends=["supervisor/journal/_entry.h"],
             extra_compile_args=FLAGS,
         ),
         # journalctl's export format (the fallback reader's), likewise in-process and plain C.
         Extension(
             "vllm_supervisor.journal._export",
             sources=["supervisor/journal/_export.c"],
+            depends=["supervisor/journal/_entry.h"],
             extra_compile_args=FLAGS,
         ),
     ],

@@ -68,6 +68,7 @@ class TestBuild:
             "setup.py",
             "supervisor/journal/journal_reader.c",
             "supervisor/journal/_rows.c",
+            "supervisor/journal/_entry.h",
             "supervisor/data/signatures/vllm.toml",
             "supervisor/data/deploy/systemd/vllm-supervisor.service",
         ):

@@ -17,11 +17,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_entry.h"
+
 #include <stdint.h>
 #include <string.h>
 
-#define N_SLOTS 13
-#define N_LIFECYCLE 9
 
 enum {
     F_CURSOR,
@@ -51,17 +51,11 @@ static const char *const fixed_names[F_LIFECYCLE] = {
 
 static char *field_names[N_FIELDS];
 static Py_ssize_t field_lengths[N_FIELDS];
-static PyTypeObject *entry_type = NULL;
-static PyObject *slot_descr[N_SLOTS];
 static PyObject *lifecycle_keys[N_LIFECYCLE]; /* str */
 static PyObject *message_text = NULL;         /* message_text(raw: bytes, max_chars) -> str */
 static PyObject *field_int = NULL;            /* field_int(raw: bytes) -> int | None */
 static PyObject *empty_fields = NULL;
 
-typedef struct {
-    const char *p;
-    Py_ssize_t n;
-} Span;
 
 typedef struct {
     Span value[N_FIELDS];
@@ -142,15 +136,6 @@ static int parse_exact(const char *buf, Py_ssize_t size, Py_ssize_t pos, unsigne
     }
 }
 
-static int all_digits(Span s) {
-    if (s.n == 0)
-        return 0;
-    for (Py_ssize_t i = 0; i < s.n; i++)
-        if (s.p[i] < '0' || s.p[i] > '9')
-            return 0;
-    return 1;
-}
-
 /* `field_int(value)`: digits in C, anything else (signs, spaces, underscores) as Python's int(). */
 static PyObject *number(const Fields *f, int i) {
     if (!f->present[i])
@@ -210,24 +195,6 @@ static PyObject *lifecycle_dict(const Fields *f) {
 
 static int is(const Fields *f, int i, char c) {
     return f->present[i] && f->value[i].n == 1 && f->value[i].p[0] == c;
-}
-
-/* A new entry with its slots set from `values` (stolen references). */
-static PyObject *new_entry(PyObject **values) {
-    PyObject *entry = entry_type->tp_alloc(entry_type, 0);
-    int failed = entry == NULL;
-    for (int i = 0; i < N_SLOTS; i++) {
-        if (values[i] == NULL)
-            failed = 1;
-        else if (!failed && Py_TYPE(slot_descr[i])->tp_descr_set(slot_descr[i], entry, values[i]) < 0)
-            failed = 1;
-        Py_XDECREF(values[i]);
-    }
-    if (failed) {
-        Py_XDECREF(entry);
-        return NULL;
-    }
-    return entry;
 }
 
 /* `export.decode`: the entry of these fields (they hold a cursor). */
@@ -358,25 +325,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!OOOOO", &PyType_Type, &cls, &names, &lifecycle, &text_fn, &int_fn,
                           &empty))
         return NULL;
-    if (PySequence_Size(names) != N_SLOTS || PySequence_Size(lifecycle) != N_LIFECYCLE) {
-        PyErr_SetString(PyExc_ValueError, "configure: unexpected number of slots or fields");
+    if (configure_slots(cls, names, lifecycle) < 0)
         return NULL;
-    }
-    for (int i = 0; i < N_SLOTS; i++) {
-        PyObject *name = PySequence_GetItem(names, i);
-        if (name == NULL)
-            return NULL;
-        PyObject *descr = PyObject_GetAttr(cls, name);
-        Py_DECREF(name);
-        if (descr == NULL)
-            return NULL;
-        if (Py_TYPE(descr)->tp_descr_set == NULL) {
-            Py_DECREF(descr);
-            PyErr_SetString(PyExc_TypeError, "configure: a slot without a setter");
-            return NULL;
-        }
-        Py_XSETREF(slot_descr[i], descr);
-    }
     for (int i = 0; i < N_FIELDS; i++) {
         const char *name;
         Py_ssize_t length;

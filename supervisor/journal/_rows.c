@@ -12,32 +12,17 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_entry.h"
+
 #include <string.h>
 
-#define N_SLOTS 13
-#define N_LIFECYCLE 9
 #define N_COLUMNS (2 + 12 + N_LIFECYCLE + 1)
 #define LIFECYCLE_AT 14
 
-static PyTypeObject *entry_type = NULL;
-static PyObject *slot_descr[N_SLOTS];
 static PyObject *lifecycle_names[N_LIFECYCLE];
 static PyObject *message_text = NULL; /* message_text(raw: bytes, max_chars: int) -> str */
 static PyObject *empty_fields = NULL;
 
-typedef struct {
-    const char *p;
-    Py_ssize_t n;
-} Span;
-
-static int all_digits(Span s) {
-    if (s.n == 0)
-        return 0;
-    for (Py_ssize_t i = 0; i < s.n; i++)
-        if (s.p[i] < '0' || s.p[i] > '9')
-            return 0;
-    return 1;
-}
 
 /* int(s) for ASCII digits (isdigit already checked); arbitrary size like Python's. */
 static PyObject *to_int(Span s) {
@@ -91,25 +76,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *cls, *names, *lifecycle, *text, *empty;
     if (!PyArg_ParseTuple(args, "O!OOOO", &PyType_Type, &cls, &names, &lifecycle, &text, &empty))
         return NULL;
-    if (PySequence_Size(names) != N_SLOTS || PySequence_Size(lifecycle) != N_LIFECYCLE) {
-        PyErr_SetString(PyExc_ValueError, "configure: unexpected number of slots or fields");
+    if (configure_slots(cls, names, lifecycle) < 0)
         return NULL;
-    }
-    for (int i = 0; i < N_SLOTS; i++) {
-        PyObject *name = PySequence_GetItem(names, i);
-        if (name == NULL)
-            return NULL;
-        PyObject *descr = PyObject_GetAttr(cls, name);
-        Py_DECREF(name);
-        if (descr == NULL)
-            return NULL;
-        if (Py_TYPE(descr)->tp_descr_set == NULL) {
-            Py_DECREF(descr);
-            PyErr_SetString(PyExc_TypeError, "configure: a slot without a setter");
-            return NULL;
-        }
-        Py_XSETREF(slot_descr[i], descr);
-    }
     for (int i = 0; i < N_LIFECYCLE; i++) {
         PyObject *name = PySequence_GetItem(lifecycle, i);
         if (name == NULL)
@@ -123,25 +91,6 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_INCREF(empty);
     Py_XSETREF(empty_fields, empty);
     Py_RETURN_NONE;
-}
-
-/* A new entry with its slots set from `values` (stolen references). */
-static PyObject *new_entry(PyObject **values) {
-    PyObject *entry = entry_type->tp_alloc(entry_type, 0);
-    int failed = entry == NULL;
-    for (int i = 0; i < N_SLOTS; i++) {
-        if (!failed && values[i] != NULL &&
-            Py_TYPE(slot_descr[i])->tp_descr_set(slot_descr[i], entry, values[i]) < 0)
-            failed = 1;
-        if (values[i] == NULL)
-            failed = 1;
-        Py_XDECREF(values[i]);
-    }
-    if (failed) {
-        Py_XDECREF(entry);
-        return NULL;
-    }
-    return entry;
 }
 
 static PyObject *lifecycle_dict(const Span *cols) {
