@@ -187,8 +187,7 @@ class Outbox:
         group = group_key(outcome)
         # The first message about crashes read late waits a little, so a backlog read at start-up
         # (30 crashes while the supervisor was down) becomes one summary message, not 30.
-        added = self._queue.add(
-            db,
+        added = self._queue.table(db).add(
             outcome,
             now=now,
             due=now + (self._config.backlog_hold_s if is_backlog(group) else 0.0),

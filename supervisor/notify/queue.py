@@ -86,7 +86,10 @@ class OutboxTable:
         sent_at: float | None = None,
     ) -> str | None:
         """Queue the crash in a new or its group's open message: "queued", "grouped", or None
-        for a crash already queued (a replay)."""
+        for a crash already queued (a replay).
+
+        `due` is when a new message may go out; `sent_at`, when the crash was already announced
+        from memory (the database was full then): its message is recorded as sent."""
         db, inv = self._db, outcome.invocation
         when = inv.ended_us / 1_000_000 if inv.ended_us else now
         member = db.execute(
@@ -227,32 +230,9 @@ class OutboxQueue:
         """The POST of this message begins: a restart from here on finds it `sending`."""
         await self._store.write(lambda db: OutboxTable(db, self.sink).sending(message_id))
 
-    def add(
-        self,
-        db: sqlite3.Connection,
-        outcome: Outcome,
-        *,
-        now: float,
-        due: float,
-        group_interval_s: float,
-        inflight: int | None,
-        render: Render,
-        sent_at: float | None = None,
-    ) -> str | None:
-        """Queue the crash inside the caller's unit of work (the batch's transaction):
-        "queued", "grouped", or None for a crash already queued (a replay).
-
-        `due` is when a new message may go out; `sent_at`, when the crash was already announced
-        from memory (the database was full then): its message is recorded as sent."""
-        return OutboxTable(db, self.sink).add(
-            outcome,
-            now=now,
-            due=due,
-            group_interval_s=group_interval_s,
-            inflight=inflight,
-            render=render,
-            sent_at=sent_at,
-        )
+    def table(self, db: sqlite3.Connection) -> OutboxTable:
+        """This sink's outbox inside the caller's unit of work (the batch's transaction)."""
+        return OutboxTable(db, self.sink)
 
     def next_due(self, skip: list[int]) -> QueuedMessage | None:
         """The pending message due first, leaving out `skip` (sent, not yet recorded)."""
