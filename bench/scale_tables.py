@@ -36,7 +36,9 @@ def signature_table(signatures: int, *, root: Path | None = None) -> Path:
             for entry in entries:
                 if count >= signatures and copy > 0:
                     break
-                chunks[name] += _signature_toml(entry if copy == 0 else _varied(entry, copy))
+                chunks[name] += signature_toml(
+                    entry if copy == 0 else varied_signature(entry, copy)
+                )
                 count += 1
         copy += 1
     for name, lines in chunks.items():
@@ -45,7 +47,8 @@ def signature_table(signatures: int, *, root: Path | None = None) -> Path:
     return directory
 
 
-def _varied(entry: dict[str, object], copy: int) -> dict[str, object]:
+def varied_signature(entry: dict[str, object], copy: int) -> dict[str, object]:
+    """`entry` as copy `copy`: its id suffixed, each pattern needing ` [copy K]` at the end."""
     patterns = entry["patterns"]
     assert isinstance(patterns, list)
     varied = {
@@ -57,17 +60,18 @@ def _varied(entry: dict[str, object], copy: int) -> dict[str, object]:
     return varied
 
 
-def _signature_toml(entry: dict[str, object]) -> list[str]:
-    return ["[[signature]]", *(f"{key} = {_toml_value(value)}" for key, value in entry.items())]
+def signature_toml(entry: dict[str, object]) -> list[str]:
+    """The TOML lines of one `[[signature]]` table."""
+    return ["[[signature]]", *(f"{key} = {toml_value(value)}" for key, value in entry.items())]
 
 
-def _toml_value(value: object) -> str:
+def toml_value(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(value)

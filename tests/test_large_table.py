@@ -7,7 +7,6 @@ traceback from `check-config` and a dead daemon after `systemctl reload`.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tomllib
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.scale_tables import signature_toml, varied_signature
 from vllm_supervisor.classify import signatures
 from vllm_supervisor.classify.signatures import DEFAULT_SIGNATURE_DIR, load_signature_table
 from vllm_supervisor.errors import SignatureTableError
@@ -22,18 +22,6 @@ from vllm_supervisor.errors import SignatureTableError
 CUBIN_LINE = (
     "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version (0.6.4)"
 )
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value)
 
 
 def varied_table(directory: Path, copies: int) -> int:
@@ -46,14 +34,7 @@ def varied_table(directory: Path, copies: int) -> int:
         lines = []
         for copy in range(copies):
             for entry in entries:
-                varied = {
-                    **entry,
-                    "id": f"{entry['id']}_copy{copy}",
-                    "patterns": [f"{p}.* \\[copy {copy}\\]$" for p in entry["patterns"]],
-                }
-                varied.pop("vectors", None)
-                lines.append("[[signature]]")
-                lines += [f"{key} = {_toml_value(value)}" for key, value in varied.items()]
+                lines += signature_toml(varied_signature(entry, copy))
                 count += 1
         (directory / source.name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return count
