@@ -5,10 +5,11 @@
 Every line of the crash corpus (tests/data/corpus/*.log, ~4,000 lines in ~170 formats and
 their mixes), repeated to `--lines`, goes through what every journal line of a supervised unit
 meets: `parse_lines` (the classifier's prefix stripping, reusing a repeated prefix),
-`parse_line` (one line alone, as the hang detector does) and `is_serving_line` (the tracker asks
-each line of a start). Each measurement runs in a fresh interpreter; the checkouts alternate
-(A B A B ...); each measurement is the fastest of 5 passes in CPU time, and the medians of the
-runs and their ratio (this / `--code`) are printed, as JSON with `--json`.
+`parse_line` (one line alone, as the hang detector does), `is_serving_line` (the tracker asks
+each line of a start) and `signature_match` (the shipped table's `match` of the stripped line,
+as the classifier asks of a crash's lines). Each measurement runs in a fresh interpreter; the
+checkouts alternate (A B A B ...); each measurement is the fastest of 5 passes in CPU time, and
+the medians of the runs and their ratio (this / `--code`) are printed, as JSON with `--json`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "data" / "corpus"
-MEASURES = ("parse_lines", "parse_line", "is_serving_line")
+MEASURES = ("parse_lines", "parse_line", "is_serving_line", "signature_match")
 
 
 def corpus_lines(count: int) -> list[str]:
@@ -54,16 +55,20 @@ def _time_us(work: Callable[[], object], lines: int, repeats: int = 5) -> float:
 def measure(count: int) -> dict[str, float]:
     """Microseconds per line of each measure, in this interpreter (the worker's job)."""
     from vllm_supervisor.classify.logline import parse_line, parse_lines
+    from vllm_supervisor.classify.signatures import load_signature_table
     from vllm_supervisor.environment.serving import is_serving_line
     from vllm_supervisor.model import LogLine
 
     texts = corpus_lines(count)
     lines = [LogLine(text=text) for text in texts]
     parse_lines(lines[:1000])  # warm the regex caches
+    table = load_signature_table()
+    stripped = [parse_line(line).text.strip() for line in lines]
     return {
         "parse_lines": _time_us(lambda: parse_lines(lines), count),
         "parse_line": _time_us(lambda: [parse_line(line) for line in lines], count),
         "is_serving_line": _time_us(lambda: [is_serving_line(t) for t in texts], count),
+        "signature_match": _time_us(lambda: [table.match(t) for t in stripped], count),
     }
 
 

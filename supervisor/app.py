@@ -285,7 +285,7 @@ def compose_daemon(
         reloader=Reloader(load_config, names=names, parts=reloaders, metrics=metrics),
     )
     metrics.register_units(u.name for u in config.units)
-    metrics.signature_table([s.id for s in table.signatures], True)
+    metrics.signature_table(list(table.ids), True)
     return Daemon(
         config,
         parts,

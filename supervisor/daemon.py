@@ -410,7 +410,7 @@ class Daemon:
         for hook in self.hooks:
             hook.reconfigure(config)
         self.metrics.register_units(u.name for u in config.units)
-        self.metrics.signature_table([s.id for s in table.signatures], True)
+        self.metrics.signature_table(list(table.ids), True)
         if added or removed:
             self.reader.follow_units(tuple(u.name for u in config.units))
         log.info(

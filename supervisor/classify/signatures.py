@@ -2,12 +2,14 @@
 
 The table is data (`config/signatures/<domain>.toml`), so a new crash class is a reviewed TOML
 entry with a test vector, not code. Every pattern is compiled with RE2, whose matching time is
-linear in the line length: a hostile or pathological log line cannot stall the daemon. All
-patterns also go into `re2.Set`s of a bounded size, so a line is scanned once per few hundred
-patterns whatever the table's size, and the individual regexes run only for the few signatures
-the sets report. Those are compiled at their first use (each was parsed when the table loaded,
-which validates it): a daemon's life needs a handful of the ~300, and compiled they hold ~5 kB
-each (1.4 MB of an idle daemon's 40 MB).
+linear in the line length: a hostile or pathological log line cannot stall the daemon. A line
+is tried only against the patterns whose literal text it holds (`prefilter.py`: each pattern
+indexed by a word every match contains), plus the few the prefilter cannot read, which share
+RE2 sets; the individual regexes are compiled at their first use (each was parsed when the table
+loaded, which validates it): a daemon's life needs a handful of the ~300. At load every pattern
+still goes into `re2.Set`s of a bounded size once, so a table over RE2's memory budget is refused
+then; a table read back from the cache (`table_cache.py`) passed that when it was saved, and
+builds a signature only when a line needs it.
 
 Ranking when several signatures match one line: noise first (a noise line is never a cause),
 then causes, then generic wrappers; within a kind the higher `priority`, then the table order.
@@ -15,12 +17,14 @@ then causes, then generic wrappers; within a kind the higher `priority`, then th
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple, overload
 
 import re2
 
@@ -28,6 +32,7 @@ from ..errors import SignatureTableError
 from ..model import Severity
 from ..util.files import data_path
 from . import table_cache
+from .prefilter import Prefilter, required
 from .schema import SignatureSpec, parse_table_bytes
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
@@ -172,6 +177,18 @@ def _compile_set(
     return rset
 
 
+def _compile_sets(
+    signatures: Sequence[Signature],
+    owners: Sequence[tuple[int, int]],
+    files: Mapping[str, Path],
+) -> list[tuple[int, Any]]:
+    """These patterns in sets of at most SET_PATTERNS, each with where it starts in `owners`."""
+    return [
+        (start, _compile_set(signatures, owners[start : start + SET_PATTERNS], files))
+        for start in range(0, len(owners), SET_PATTERNS)
+    ]
+
+
 def compile_pattern(pattern: str) -> Any:
     """Compile one RE2 regex; raise ValueError with RE2's reason when it is invalid."""
     try:
@@ -195,8 +212,56 @@ def check_pattern(pattern: str) -> None:
 _CHECK_OPTIONS = _options()
 
 
+class _Layout(NamedTuple):
+    """What matching needs of each signature without building it: id, domain, rank, and where
+    its patterns start in the table's pattern numbers."""
+
+    ids: tuple[str, ...]
+    domains: tuple[str, ...]
+    kinds: tuple[str, ...]
+    priorities: tuple[int, ...]
+    orders: Sequence[int]
+    pattern_counts: tuple[int, ...]
+
+
+class _CachedSignatures(Sequence[Signature]):
+    """A cached table's signatures, each built from its spec at its first use."""
+
+    __slots__ = ("_built", "_cached")
+
+    def __init__(self, cached: table_cache.CachedTable) -> None:
+        self._cached = cached
+        self._built: list[Signature | None] = [None] * len(cached)
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    @overload
+    def __getitem__(self, index: int) -> Signature: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Signature, ...]: ...
+    def __getitem__(self, index: int | slice) -> Signature | tuple[Signature, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(len(self))[index])
+        position = range(len(self._built))[index]
+        signature = self._built[position]
+        if signature is None:
+            signature = self._built[position] = _build(self._cached.spec(position), position)
+        return signature
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class SignatureTable:
-    """The compiled table: `match` one stripped line, `explain` it, or take a `subset`."""
+    """The compiled table: `match` one stripped line, `explain` it, or take a `subset`.
+
+    A line is tried only against the patterns the prefilter (`prefilter.py`) says it may
+    match; the patterns the prefilter cannot read share RE2 sets, compiled at the first line."""
 
     def __init__(
         self,
@@ -205,45 +270,116 @@ class SignatureTable:
         max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
         files: Mapping[str, Path] | None = None,
     ) -> None:
-        self.signatures: tuple[Signature, ...] = tuple(signatures)
+        chosen = tuple(signatures)
+        # Every pattern compiled into the sets RE2 would need for the whole table: a table over
+        # RE2's memory budget is refused here, in one line, not at the first line that needs it.
+        owners = [
+            (i, j) for i, signature in enumerate(chosen) for j in range(len(signature.patterns))
+        ]
+        _compile_sets(chosen, owners, files or {})
+        layout = _Layout(
+            ids=tuple(s.id for s in chosen),
+            domains=tuple(s.domain for s in chosen),
+            kinds=tuple(s.kind for s in chosen),
+            priorities=tuple(s.priority for s in chosen),
+            orders=tuple(s.order for s in chosen),
+            pattern_counts=tuple(len(s.patterns) for s in chosen),
+        )
+        prefilter = Prefilter.build([required(p) for s in chosen for p in s.patterns])
+        self._setup(chosen, layout, prefilter, max_line_chars, files)
+
+    @classmethod
+    def restored(
+        cls,
+        cached: table_cache.CachedTable,
+        *,
+        max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
+        files: Mapping[str, Path] | None = None,
+    ) -> SignatureTable:
+        """The table a cache holds: validated and its sets compiled when it was saved, so
+        nothing is compiled now, and each signature is built when first needed."""
+        table = cls.__new__(cls)
+        layout = _Layout(
+            ids=cached.ids,
+            domains=cached.domains,
+            kinds=cached.kinds,
+            priorities=cached.priorities,
+            orders=range(len(cached)),  # as load_signature_table numbers them
+            pattern_counts=cached.pattern_counts,
+        )
+        table._setup(_CachedSignatures(cached), layout, cached.prefilter, max_line_chars, files)
+        table.from_cache = True
+        return table
+
+    def _setup(
+        self,
+        signatures: Sequence[Signature],
+        layout: _Layout,
+        prefilter: Prefilter,
+        max_line_chars: int,
+        files: Mapping[str, Path] | None,
+    ) -> None:
+        self.signatures: Sequence[Signature] = signatures
         self.max_line_chars = max_line_chars
-        # pattern number -> (signature index, pattern index)
-        self._owners: list[tuple[int, int]] = [
-            (sig_index, pattern_index)
-            for sig_index, signature in enumerate(self.signatures)
-            for pattern_index in range(len(signature.patterns))
-        ]
-        self._sets = [
-            (
-                start,
-                _compile_set(
-                    self.signatures, self._owners[start : start + SET_PATTERNS], files or {}
-                ),
-            )
-            for start in range(0, len(self._owners), SET_PATTERNS)
-        ]
-        self._by_id = {signature.id: signature for signature in self.signatures}
+        self.prefilter = prefilter
+        self._layout = layout
+        self._files = files or {}
+        # pattern number -> its signature: the signature whose first pattern number is the
+        # greatest not above it
+        self._starts = list(itertools.accumulate(layout.pattern_counts, initial=0))
+        self._by_id = {signature_id: i for i, signature_id in enumerate(layout.ids)}
+        self._always: list[tuple[int, Any]] | None = None  # compiled at the first line
         self.from_cache = False  # read back validated from the cache (load_signature_table)
 
     def __len__(self) -> int:
         return len(self.signatures)
 
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every signature's id, in table order (without building the signatures)."""
+        return self._layout.ids
+
     def get(self, signature_id: str) -> Signature | None:
         """The signature with this id, if the table holds it."""
-        return self._by_id.get(signature_id)
+        index = self._by_id.get(signature_id)
+        return self.signatures[index] if index is not None else None
 
     @property
     def domains(self) -> frozenset[str]:
         """The domains (file stems) the table holds."""
-        return frozenset(s.domain for s in self.signatures)
+        return frozenset(self._layout.domains)
+
+    def _owner(self, number: int) -> tuple[int, int]:
+        """(signature index, pattern index) of pattern `number`."""
+        sig_index = bisect.bisect_right(self._starts, number) - 1
+        return sig_index, number - self._starts[sig_index]
+
+    def _rank(self, sig_index: int) -> tuple[int, int, int]:
+        """Sort key, best first (as `_rank` of the signature, from the layout)."""
+        layout = self._layout
+        return (
+            -_KIND_RANK[layout.kinds[sig_index]],
+            -layout.priorities[sig_index],
+            layout.orders[sig_index],
+        )
 
     def _hits(self, text: str) -> list[tuple[int, int]]:
-        """(signature, pattern) pairs whose pattern a set finds in `text`, best first."""
-        found = [start + i for start, rset in self._sets for i in rset.Match(text) or ()]
+        """(signature, pattern) pairs whose pattern may match `text`, best first: those the
+        prefilter keeps, and those of the patterns it cannot read that their sets find."""
+        found = self.prefilter.candidates(text)
+        always = self.prefilter.always
+        if always:
+            if self._always is None:
+                owners = [self._owner(number) for number in always]
+                self._always = _compile_sets(self.signatures, owners, self._files)
+            for start, rset in self._always:
+                matched = rset.Match(text)
+                if matched:
+                    found.update(always[start + i] for i in matched)
         if not found:
             return []
-        hits = sorted({self._owners[i] for i in found})
-        hits.sort(key=lambda hit: _rank(self.signatures[hit[0]]))
+        hits = sorted(self._owner(i) for i in found)
+        hits.sort(key=lambda hit: self._rank(hit[0]))
         return hits
 
     def match(self, text: str, *, frames: Sequence[str] = ()) -> SignatureMatch | None:
@@ -363,16 +499,18 @@ def load_signature_table(
         except OSError as exc:
             raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
     key = table_cache.cache_key(files) if cache_dir is not None else ""
-    cached = table_cache.load(cache_dir, key) if cache_dir is not None else None
-    specs = cached if cached is not None else _parse(files)
+    names = {path.stem: path for path, _ in files}  # a set that fails names its files
+    cached = table_cache.load_table(cache_dir, key, files) if cache_dir is not None else None
+    if cached is not None:
+        return SignatureTable.restored(cached, max_line_chars=max_line_chars, files=names)
+    specs = _parse(files)
     table = SignatureTable(
         [_build(spec, i) for i, spec in enumerate(specs)],
         max_line_chars=max_line_chars,
-        files={path.stem: path for path, _ in files},  # a set that fails names its files
+        files=names,
     )
-    table.from_cache = cached is not None
-    if cache_dir is not None and cached is None:
-        table_cache.save(cache_dir, key, specs)  # only once its sets compiled
+    if cache_dir is not None:
+        table_cache.save(cache_dir, key, specs, files, table.prefilter)  # once its sets compiled
     return table
 
 

@@ -94,6 +94,6 @@ class Reloader:
             return config, load_table(config, cached=True), load_engines()
         except Exception as exc:  # a reload may refuse a config, never end the daemon
             error = str(exc) if isinstance(exc, SupervisorError) else repr(exc)
-            self._metrics.signature_table([s.id for s in table().signatures], False)
+            self._metrics.signature_table(list(table().ids), False)
             log.error("config_reload_failed", error=error, action="kept the running config")
             return None
