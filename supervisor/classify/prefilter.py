@@ -61,9 +61,9 @@ def _literal(text: str, icase: bool) -> list[_Item]:
     if not icase:
         return [text] if text else []
     items: list[_Item] = []
-    for part in _FOLDS_BEYOND_ASCII.split(text):
-        if items:
-            items.append(GAP)
+    for number, part in enumerate(_FOLDS_BEYOND_ASCII.split(text)):
+        if number:
+            items.append(GAP)  # where the character that may not join was
         if part:
             items.append(part)
     return items
