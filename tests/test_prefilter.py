@@ -115,6 +115,34 @@ def pattern_and_line(draw: st.DrawFn) -> tuple[str, str]:
     return pattern, draw(noise) + text + draw(noise)
 
 
+SEPARATORS = [(" ", " "), (": ", ": "), ("\\s+", "  "), ("\\b", ""), ("\\W", "-"), ("\\.", "."),
+              ("[ :]", ":"), ("\\b\\s*", " "), ("", "")]  # fmt: skip
+
+
+@st.composite
+def keyed_pattern_and_line(draw: st.DrawFn) -> tuple[str, str]:
+    """Words between separators, some optional or in alternations, under flags: patterns the
+    prefilter keys (mostly), and a line holding a match among noise."""
+    parts = []
+    for _ in range(draw(st.integers(1, 5))):
+        pattern, text = draw(literal())
+        kind = draw(st.integers(0, 5))
+        if kind == 0:
+            other, other_text = draw(literal())
+            pattern, text = f"(?:{pattern}|{other})", draw(st.sampled_from([text, other_text]))
+        elif kind == 1:
+            pattern, text = f"(?:{pattern})?", draw(st.sampled_from([text, ""]))
+        elif kind == 2:
+            flag = draw(st.sampled_from(["(?i:", "(?-i:", "(?P<n1>", "("]))
+            pattern = f"{flag}{pattern})"
+        separator, gap = draw(st.sampled_from(SEPARATORS))
+        parts.append((pattern + separator, text + gap))
+    flag = draw(st.sampled_from(["", "(?i)", "^", "(?i)\\b"]))
+    pattern = flag + "".join(p for p, _ in parts)
+    noise = st.text(alphabet=ALPHABET, max_size=6)
+    return pattern, draw(noise) + "".join(t for _, t in parts) + draw(noise)
+
+
 def _compiles(pattern: str) -> Any | None:
     options = re2.Options()
     options.log_errors = False
@@ -136,6 +164,16 @@ class TestNeverDropsAMatch:
     def test_a_pattern_that_matches_is_a_candidate(self, case: tuple[str, str]) -> None:
         """Generated RE2 patterns (case-insensitive parts, alternations, optional groups,
         escapes, classes, unicode): whenever RE2 finds one in a line, the prefilter keeps it."""
+        pattern, line = case
+        regex = _compiles(pattern)
+        assume(regex is not None)
+        if regex.search(line) is not None:
+            assert _keeps(pattern, line), (pattern, line, required(pattern))
+
+    @given(keyed_pattern_and_line())
+    @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    def test_a_keyed_pattern_that_matches_is_a_candidate(self, case: tuple[str, str]) -> None:
+        """The same on patterns made of words, most of which the prefilter keys by a word."""
         pattern, line = case
         regex = _compiles(pattern)
         assume(regex is not None)
@@ -230,7 +268,11 @@ def _seen(found: SignatureMatch | None) -> Any:
 class TestSameMatchAsEveryPattern:
     @given(
         st.lists(
-            st.tuples(pattern_and_line(), st.integers(0, 3), st.sampled_from(["cause", "noise"])),
+            st.tuples(
+                st.one_of(pattern_and_line(), keyed_pattern_and_line()),
+                st.integers(0, 3),
+                st.sampled_from(["cause", "noise"]),
+            ),
             min_size=1,
             max_size=8,
         ),
