@@ -154,7 +154,7 @@ def _compiles(pattern: str) -> Any | None:
 
 def _keeps(pattern: str, line: str) -> bool:
     """Whether a table of this one pattern would try it on `line`."""
-    prefilter = Prefilter.build([required(pattern)])
+    prefilter = Prefilter.build([pattern])
     return bool(prefilter.always) or 0 in prefilter.candidates(line)
 
 

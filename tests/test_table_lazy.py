@@ -60,8 +60,8 @@ def test_a_cached_load_compiles_no_set_and_builds_no_signature(
     assert found is not None and expected is not None
     assert (found.signature, found.captures) == (expected.signature, expected.captures)
     patterns = sum(len(s.patterns) for s in reference.signatures)
-    assert sum(len(owners) for _, owners, _ in sets.calls) < patterns / 20
-    assert len(built.calls) < len(table) / 20
+    assert sum(len(call[1]) for call in sets.calls) < patterns / 20
+    assert len(built.calls) <= 5  # the signatures this line may match, not the table
     assert table.ids == reference.ids
     assert table.get("nccl_timeout_copy5") == reference.get("nccl_timeout_copy5")
 

@@ -289,16 +289,23 @@ class Prefilter:
     marshalled until a line's word asks for it: a table of 10,000 patterns loads its index
     without building their literals."""
 
-    __slots__ = ("_index", "_keys", "always")
+    __slots__ = ("_index", "_keys", "always", "always_patterns")
 
-    def __init__(self, index: dict[bytes, Bucket | bytes], always: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        index: dict[bytes, Bucket | bytes],
+        always: tuple[int, ...],
+        always_patterns: tuple[str, ...],
+    ) -> None:
         self._index = index  # word -> bucket (or its marshal bytes)
         self._keys = frozenset(index)
         self.always = always  # pattern numbers no key covers, in order
+        self.always_patterns = always_patterns  # and their patterns
 
     @classmethod
-    def build(cls, filters: Sequence[Filter | None]) -> Prefilter:
-        """Index pattern `n` (of `filters[n]`) by the rarest key of each of its branches."""
+    def build(cls, patterns: Sequence[str]) -> Prefilter:
+        """Index pattern `n` (of `patterns[n]`) by the rarest key of each of its branches."""
+        filters = [required(pattern) for pattern in patterns]
         counts: dict[Key, int] = {}
         for found in filters:
             for branch in found or ():
@@ -321,7 +328,7 @@ class Prefilter:
             word: tuple((literal, tuple(entries)) for literal, entries in groups.items())
             for word, groups in index.items()
         }
-        return cls(buckets, tuple(always))
+        return cls(buckets, tuple(always), tuple(patterns[number] for number in always))
 
     def candidates(self, text: str) -> set[int]:
         """Pattern numbers whose literals `text` holds (all of one branch's), `always` aside."""
@@ -339,7 +346,7 @@ class Prefilter:
                             found.add(number)
         return found
 
-    def dump(self) -> tuple[dict[bytes, bytes], tuple[int, ...]]:
+    def dump(self) -> tuple[dict[bytes, bytes], tuple[int, ...], tuple[str, ...]]:
         """The index as marshal takes it, each bucket marshalled apart (see the class)."""
         return (
             {
@@ -347,12 +354,15 @@ class Prefilter:
                 for key, bucket in self._index.items()
             },
             self.always,
+            self.always_patterns,
         )
 
     @classmethod
-    def undump(cls, values: tuple[dict[bytes, bytes], tuple[int, ...]]) -> Prefilter:
+    def undump(
+        cls, values: tuple[dict[bytes, bytes], tuple[int, ...], tuple[str, ...]]
+    ) -> Prefilter:
         """The inverse of `dump`."""
-        index, always = values
-        if not isinstance(index, dict):
+        index, always, patterns = values
+        if not isinstance(index, dict) or len(always) != len(patterns):
             raise ValueError("not a prefilter index")
-        return cls(cast("dict[bytes, Bucket | bytes]", index), tuple(always))
+        return cls(cast("dict[bytes, Bucket | bytes]", index), tuple(always), tuple(patterns))

@@ -32,7 +32,7 @@ from ..errors import SignatureTableError
 from ..model import Severity
 from ..util.files import data_path
 from . import table_cache
-from .prefilter import Prefilter, required
+from .prefilter import Prefilter
 from .schema import SignatureSpec, parse_table_bytes
 
 ENV_SIGNATURE_DIR = "VLLM_SUPERVISOR_SIGNATURES"
@@ -152,18 +152,24 @@ def _compile_set(
     signatures: Sequence[Signature],
     owners: Sequence[tuple[int, int]],
     files: Mapping[str, Path],
+    patterns: Sequence[str] | None = None,
 ) -> Any:
     """One RE2 set of these patterns, its memory budget sized from their number.
 
     RE2's default budget (8 MiB) holds a few hundred patterns: a table of ~1,000 signatures
     failed to compile as one set and took the daemon down on a reload. Sets of at most
     SET_PATTERNS patterns, each with room for them, load any table; a set that still does not
-    compile is a one-line table error naming its signatures' files."""
+    compile is a one-line table error naming its signatures' files. `patterns`, when given,
+    are the owners' patterns (a cached table's signatures are then not built for them)."""
     options = _options()
     options.max_mem = max(RE2_DEFAULT_MAX_MEM, len(owners) * SET_BYTES_PER_PATTERN)
     rset = re2.Set.SearchSet(options)
-    for sig_index, pattern_index in owners:
-        rset.Add(signatures[sig_index].patterns[pattern_index])
+    for number, (sig_index, pattern_index) in enumerate(owners):
+        rset.Add(
+            patterns[number]
+            if patterns is not None
+            else signatures[sig_index].patterns[pattern_index]
+        )
     try:
         rset.Compile()
     except re2.error as exc:
@@ -181,10 +187,19 @@ def _compile_sets(
     signatures: Sequence[Signature],
     owners: Sequence[tuple[int, int]],
     files: Mapping[str, Path],
+    patterns: Sequence[str] | None = None,
 ) -> list[tuple[int, Any]]:
     """These patterns in sets of at most SET_PATTERNS, each with where it starts in `owners`."""
     return [
-        (start, _compile_set(signatures, owners[start : start + SET_PATTERNS], files))
+        (
+            start,
+            _compile_set(
+                signatures,
+                owners[start : start + SET_PATTERNS],
+                files,
+                None if patterns is None else patterns[start : start + SET_PATTERNS],
+            ),
+        )
         for start in range(0, len(owners), SET_PATTERNS)
     ]
 
@@ -285,7 +300,7 @@ class SignatureTable:
             orders=tuple(s.order for s in chosen),
             pattern_counts=tuple(len(s.patterns) for s in chosen),
         )
-        prefilter = Prefilter.build([required(p) for s in chosen for p in s.patterns])
+        prefilter = Prefilter.build([p for s in chosen for p in s.patterns])
         self._setup(chosen, layout, prefilter, max_line_chars, files)
 
     @classmethod
@@ -371,7 +386,9 @@ class SignatureTable:
         if always:
             if self._always is None:
                 owners = [self._owner(number) for number in always]
-                self._always = _compile_sets(self.signatures, owners, self._files)
+                self._always = _compile_sets(
+                    self.signatures, owners, self._files, self.prefilter.always_patterns
+                )
             for start, rset in self._always:
                 matched = rset.Match(text)
                 if matched:

@@ -177,9 +177,7 @@ def save(
         log.info("signature_cache_not_written", directory=str(directory), error="uncut files")
         return
     if index is None:
-        index = Prefilter.build(
-            [prefilter.required(pattern) for spec in specs for pattern in spec.patterns]
-        )
+        index = Prefilter.build([pattern for spec in specs for pattern in spec.patterns])
     head = (
         tuple(spec.id for spec in specs),
         tuple(spec.domain for spec in specs),
