@@ -342,7 +342,7 @@ class SignatureTable:
         # pattern number -> its signature: the signature whose first pattern number is the
         # greatest not above it
         self._starts = list(itertools.accumulate(layout.pattern_counts, initial=0))
-        self._by_id = {signature_id: i for i, signature_id in enumerate(layout.ids)}
+        self._by_id: dict[str, int] | None = None  # built at the first `get`
         self._always: list[tuple[int, Any]] | None = None  # compiled at the first line
         self.from_cache = False  # read back validated from the cache (load_signature_table)
 
@@ -356,6 +356,8 @@ class SignatureTable:
 
     def get(self, signature_id: str) -> Signature | None:
         """The signature with this id, if the table holds it."""
+        if self._by_id is None:
+            self._by_id = {signature_id: i for i, signature_id in enumerate(self._layout.ids)}
         index = self._by_id.get(signature_id)
         return self.signatures[index] if index is not None else None
 
