@@ -215,12 +215,10 @@ def _table(data: bytes, key: str, files: Files | None) -> CachedTable:
     # The checksum is checked before anything is unmarshalled: marshal is not meant for bytes
     # it did not write.
     head = len(MAGIC) + hashlib.sha256().digest_size
-    if (
-        data[: len(MAGIC)] != MAGIC
-        or hashlib.sha256(data[head:]).digest() != data[len(MAGIC) : head]
-    ):
+    payload = memoryview(data)[head:]  # not a copy: the cache of a large table is a megabyte
+    if data[: len(MAGIC)] != MAGIC or hashlib.sha256(payload).digest() != data[len(MAGIC) : head]:
         raise ValueError("not a signature cache, or damaged")
-    format_, saved_key, paths, table_head = marshal.loads(data[head:])  # noqa: S302 - checksummed
+    format_, saved_key, paths, table_head = marshal.loads(payload)  # noqa: S302 - checksummed
     if format_ != FORMAT or saved_key != key:
         raise ValueError("another format or table")
     if files is None:
