@@ -146,13 +146,15 @@ def pieces(files: Files, specs: Sequence[SignatureSpec]) -> list[tuple[int, int,
     ]
     if len(found) != len(specs):
         return None
+    stems = [path.stem for path, _ in files]
+    multiline = [b"'''" in content or b'"""' in content for _, content in files]
     for (number, start, end), spec in zip(found, specs, strict=True):
-        path, content = files[number]
-        if path.stem != spec.domain:
+        if stems[number] != spec.domain:
             return None
-        if (b"'''" in content or b'"""' in content) and schema.parse_table_bytes(
-            path, content[start:end], _no_check
-        ) != [spec]:
+        path, content = files[number]
+        if multiline[number] and schema.parse_table_bytes(path, content[start:end], _no_check) != [
+            spec
+        ]:
             return None
     return found
 
