@@ -68,6 +68,9 @@ KNOWN_MISSES = {
     # httpcore2's ReadError, re-raised by httpx2 as the key's line: the same reset, one
     # exception earlier.
     "266-real-vllm-hub-connection-reset.log": "httpcore2's reset, not httpx2's",
+    # The engine core's own note of the SIGTERM it got is an INFO line of its shutdown; the
+    # verdict names the API server's WARNING that the engine core had gone, its consequence.
+    "271-real-vllm-enginecore-sigterm-serving.log": "the engine's exit, not the signal's note",
 }
 
 
