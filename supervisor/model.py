@@ -276,6 +276,7 @@ class Rule(StrEnum):
     TRANSIENT = "transient"
     UNKNOWN_FIRST = "unknown_first"
     UNKNOWN_REPEAT = "unknown_repeat"
+    UNKNOWN_NO_CAUSE = "unknown_no_cause"
     UNKNOWN_AFTER_SERVING = "unknown_after_serving"
     # Not the present invocation: recorded, not acted on (supervisor.actions.actor).
     LATE = "late"

@@ -592,6 +592,6 @@ def test_command_line_blind_text() -> None:
     assert result.stdout.startswith("BLIND:")
     side_by_side = result.stdout.split("Blind / seen")[1]
     # Blind, only the wrapper `EngineCore failed to start.` of a cut traceback is left (the
-    # INFO line with the negative KV cache is no cause): halted by repetition on the third
-    # crash (2 restarts wasted); seen, its signature halts the first.
-    assert "| **all** | 1 | 0 / 1 of 1 | 2 / 0 |" in side_by_side
+    # INFO line with the negative KV cache is no cause): no line names the cause, so never
+    # halted by repetition (4 restarts wasted); seen, its signature halts the first.
+    assert "| **all** | 1 | 0 / 1 of 1 | 4 / 0 |" in side_by_side

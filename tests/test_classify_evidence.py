@@ -190,6 +190,29 @@ class TestWhatWrapsTheCause:
         )
         assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
 
+    @pytest.mark.parametrize("statement", ["raise Exception(", "raise RuntimeError()"])
+    def test_a_raise_statement_without_its_message_names_no_cause(
+        self, empty: SignatureTable, statement: str
+    ) -> None:
+        """SGLang's `raise Exception(` with its message on the lines the traceback does not
+        show: the statement is still the best line, but a class raised for anything, with no
+        words, names no cause (low confidence: repeats of it never halt on their own)."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                (
+                    f'File "{SITE}/sglang/srt/model_executor/cuda_graph_runner.py", line 239, '
+                    "in __init__",
+                    statement,
+                ),
+                exception=None,
+            ),
+        )
+        assert verdict.root_cause == statement
+        assert verdict.severity is Severity.UNKNOWN
+        assert verdict.confidence == "low"
+
     def test_a_message_that_only_introduces_is_a_wrapper(self, empty: SignatureTable) -> None:
         """`EngineCore failed to start.` then a cut traceback: nothing is inferred from it."""
         verdict = _judge(empty, [f"{V1}EngineCore failed to start.", *_traceback(exception=None)])

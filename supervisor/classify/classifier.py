@@ -69,6 +69,7 @@ from .logline import (
     exception_name,
     parse_line,
     raise_statement,
+    raise_without_message,
 )
 from .signatures import SignatureMatch, SignatureTable
 
@@ -336,10 +337,12 @@ class Classifier:
                 continue
             text = ann.lines[code].text.strip()[: self.max_line_chars]
             match = self.table.match(text, frames=[ann.lines[f].text for f in block.frames])
+            # With no words on the line, the statement names a class and no cause.
+            tier = _TIER_WARNING if raise_without_message(text) else _TIER_EXCEPTION
             candidate = (
                 _from_match(code, text, match)
                 if match is not None
-                else _Candidate(_TIER_EXCEPTION, 0, code, text, None)
+                else _Candidate(tier, 0, code, text, None)
             )
             if (candidate := _in_context(ann, block, candidate)) is not None:
                 found.append(candidate)
