@@ -420,6 +420,7 @@ class CauseFacts:
     # The class it names: its exception line, a carried cause's, or a raise statement's.
     exception: str | None = None
     frame: str | None = None  # the innermost frame of its traceback: where it was raised
+    callers: tuple[str, ...] = ()  # the frames around it, outermost first
     raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
     pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
     guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count

@@ -190,6 +190,52 @@ class TestWhatWrapsTheCause:
         )
         assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
 
+    def test_a_standard_library_helper_raises_for_its_caller(self, empty: SignatureTable) -> None:
+        """vLLM's model registry runs the model's inspection in a subprocess; it fails and
+        `subprocess.check_returncode` raises CalledProcessError. The helper only reports its
+        caller's result: the raise site is the registry (model loading), and a start-up crash
+        raised there is fatal."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                (
+                    f'File "{SITE}/vllm/model_executor/models/registry.py", line 434, '
+                    "in _run_in_subprocess",
+                    "returned.check_returncode()",
+                ),
+                (
+                    'File "/usr/lib/python3.12/subprocess.py", line 502, in check_returncode',
+                    "raise CalledProcessError(self.returncode, self.args, self.stdout,",
+                ),
+                exception="subprocess.CalledProcessError: Command '['/venv/bin/python', "
+                "'-m', 'vllm.model_executor.models.registry']' returned non-zero exit status 1.",
+            ),
+        )
+        assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+        assert verdict.severity_reason is not None
+        assert "raised in 'vllm/model_executor/models/registry.py'" in verdict.severity_reason
+
+    def test_a_standard_library_site_of_its_own_counts(self, empty: SignatureTable) -> None:
+        """socket.py is a network site itself: its caller is not asked."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                (
+                    f'File "{SITE}/vllm/model_executor/model_loader/weight_utils.py", line 9, '
+                    "in fetch",
+                    "sock.connect(addr)",
+                ),
+                (
+                    'File "/usr/lib/python3.12/socket.py", line 850, in create_connection',
+                    "raise err",
+                ),
+                exception="OSError: [Errno 113] No route to host",
+            ),
+        )
+        assert verdict.severity is not Severity.FATAL
+
     @pytest.mark.parametrize("statement", ["raise Exception(", "raise RuntimeError()"])
     def test_a_raise_statement_without_its_message_names_no_cause(
         self, empty: SignatureTable, statement: str
