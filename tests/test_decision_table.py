@@ -72,8 +72,6 @@ class TestDecisionTable:
             ("214-real-vllm-tensor-parallel-2-cpu.log", "AssertionError"),
             # A tokenizer the model directory lacks.
             ("221-real-vllm-tokenizer-missing.log", "ValueError"),
-            # `--host` an address no interface has: binding the listening socket fails.
-            ("235-real-vllm-host-address-not-local.log", "OSError"),
         ],
     )
     def test_inferred_fatal_halts_the_first_crash(
