@@ -595,3 +595,6 @@ def test_command_line_blind_text() -> None:
     # INFO line with the negative KV cache is no cause): no line names the cause, so never
     # halted by repetition (4 restarts wasted); seen, its signature halts the first.
     assert "| **all** | 1 | 0 / 1 of 1 | 4 / 0 |" in side_by_side
+    # Its label names the cause line (the negative KV cache), so it counts among the fatal
+    # logs whose cause is in the log.
+    assert side_by_side.rstrip().endswith("| 0 / 1 | 0 / 1 of 1 |")
