@@ -50,6 +50,11 @@ def _traceback(*frames: tuple[str, str], exception: str | None) -> list[str]:
     return [*lines, f"{V1}{exception}"] if exception else lines
 
 
+def _frame(path: str, line: int, function: str, code: str) -> tuple[str, str]:
+    """A traceback frame and its source line, for `_traceback`."""
+    return f'File "{path}", line {line}, in {function}', code
+
+
 LOADER = (f'File "{SITE}/vllm/model_executor/model_loader/loader.py", line 9, in load_model', "x")
 
 
@@ -177,9 +182,10 @@ class TestWhatWrapsTheCause:
             empty,
             _traceback(
                 LOADER,
-                (
-                    f'File "{SITE}/vllm/model_executor/layers/quantization/awq.py", line 88, '
-                    "in get_quant_method",
+                _frame(
+                    f"{SITE}/vllm/model_executor/layers/quantization/awq.py",
+                    88,
+                    "get_quant_method",
                     'raise ValueError(f"Unsupported quantization layout {layout} for {arch}")',
                 ),
                 exception=None,
@@ -199,13 +205,16 @@ class TestWhatWrapsTheCause:
             empty,
             _traceback(
                 LOADER,
-                (
-                    f'File "{SITE}/vllm/model_executor/models/registry.py", line 434, '
-                    "in _run_in_subprocess",
+                _frame(
+                    f"{SITE}/vllm/model_executor/models/registry.py",
+                    434,
+                    "_run_in_subprocess",
                     "returned.check_returncode()",
                 ),
-                (
-                    'File "/usr/lib/python3.12/subprocess.py", line 502, in check_returncode',
+                _frame(
+                    "/usr/lib/python3.12/subprocess.py",
+                    502,
+                    "check_returncode",
                     "raise CalledProcessError(self.returncode, self.args, self.stdout,",
                 ),
                 exception="subprocess.CalledProcessError: Command '['/venv/bin/python', "
@@ -222,15 +231,13 @@ class TestWhatWrapsTheCause:
             empty,
             _traceback(
                 LOADER,
-                (
-                    f'File "{SITE}/vllm/model_executor/model_loader/weight_utils.py", line 9, '
-                    "in fetch",
+                _frame(
+                    f"{SITE}/vllm/model_executor/model_loader/weight_utils.py",
+                    9,
+                    "fetch",
                     "sock.connect(addr)",
                 ),
-                (
-                    'File "/usr/lib/python3.12/socket.py", line 850, in create_connection',
-                    "raise err",
-                ),
+                _frame("/usr/lib/python3.12/socket.py", 850, "create_connection", "raise err"),
                 exception="OSError: [Errno 113] No route to host",
             ),
         )
@@ -247,9 +254,10 @@ class TestWhatWrapsTheCause:
             empty,
             _traceback(
                 LOADER,
-                (
-                    f'File "{SITE}/sglang/srt/model_executor/cuda_graph_runner.py", line 239, '
-                    "in __init__",
+                _frame(
+                    f"{SITE}/sglang/srt/model_executor/cuda_graph_runner.py",
+                    239,
+                    "__init__",
                     statement,
                 ),
                 exception=None,
