@@ -103,6 +103,13 @@ class TestDecisionTable:
         assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
         assert verdict.basis == "signature"
 
+    def test_a_hub_answering_500_restarts(self, table: SignatureTable) -> None:
+        """transient: the model hub answers 500 Internal Server Error to every download (real
+        vLLM against a stand-in hub): the server's fault, not the start's; five restarts."""
+        verdict, decisions = _decide(table, label_of("265-real-vllm-hub-500.log"), repeats=5)
+        assert (verdict.severity, verdict.basis) == (Severity.TRANSIENT, "inferred")
+        assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
+
     def test_transient_inferred_restarts(self, table: SignatureTable) -> None:
         """transient (inferred): no signature (the Hugging Face set left out), the hub not
         reachable before serving (real vLLM, no network): a restart may not meet it again."""
