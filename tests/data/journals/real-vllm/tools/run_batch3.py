@@ -10,7 +10,6 @@ stand-ins that answer 500, reset the connection or say the repository does not e
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_batch2 as b2  # noqa: E402
 import run_scenarios as rs  # noqa: E402
-from run_scenarios import LOOP, ROOT, TINY, log, save, state, wait_for  # noqa: E402
+from run_scenarios import LOOP, ROOT, TINY, state, wait_for  # noqa: E402
 
 CPU_API = b2.CPU_API  # with --gpu-memory-utilization 0.5 (this host's memory is shared)
 M = f"{ROOT}/models"
@@ -122,14 +121,8 @@ def kill_main_serving(box: rs.Container, unit: str, sig: int, port: int, invocat
         wait_for(lambda: state(box, unit)["MainPID"] != s["MainPID"], timeout=120,
                  what="main process to end", interval=0.2)
         notes.append(f"inv{n}: after: {state(box, unit)}")
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    try:
-        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
-                 what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        rs.await_restart(box, unit, n, invocations)
+    rs.stop_after_last(box, unit)
 
 
 def loop_unless_serving(box: rs.Container, unit: str, invocations: int, port: int | None,
@@ -158,53 +151,18 @@ def port_of(cmd: str) -> int | None:
     return int(words[words.index("--port") + 1]) if "--port" in words else None
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # so the container is powered off and its cgroups removed
+def _drive(box: rs.Container, unit: str, cmd: str, invocations: int, kind: str, helper: str,
+           notes: list[str]) -> None:
+    if kind == "loop":
+        loop_unless_serving(box, unit, invocations, port_of(cmd), notes)
+    elif kind.startswith("serve-kill:"):
+        sig, port, *target = kind.removeprefix("serve-kill:").split(":", 2)
+        kill_main_serving(box, unit, int(sig), int(port), invocations, notes,
+                          target[0] if target else "")
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _stop)
-    out = Path(sys.argv[1])
-    names = sys.argv[2:]
-    (out / "work").mkdir(parents=True, exist_ok=True)
-    with rs.booted_container([(ROOT, ROOT)], workdir=out / "work") as box:
-        log(f"container up, leader {box.leader}")
-        for name in names:
-            cmd, extra, invocations, kind, helper = SCENARIOS[name]
-            unit = b2.put_unit(box, name, cmd, extra)
-            notes: list[str] = []
-            (out / "work" / f"{name}.unit").write_text(
-                box.run("systemctl", "cat", unit, check=False).stdout)
-            t0 = time.monotonic()
-            helper_unit = None
-            try:
-                if helper:
-                    helper_unit = b2.put_unit(box, f"{name}-helper", helper, "")
-                    box.systemctl("start", helper_unit)
-                    time.sleep(2)
-                if kind == "loop":
-                    loop_unless_serving(box, unit, invocations, port_of(cmd), notes)
-                elif kind.startswith("serve-kill:"):
-                    sig, port, *target = kind.removeprefix("serve-kill:").split(":", 2)
-                    kill_main_serving(box, unit, int(sig), int(port), invocations, notes,
-                                      target[0] if target else "")
-            except Exception as exc:  # keep going: save what happened
-                notes.append(f"driver: {type(exc).__name__}: {exc}")
-                box.systemctl("stop", unit, check=False)
-            finally:
-                if helper_unit:
-                    box.systemctl("stop", helper_unit, check=False)
-            info = save(box, unit, out, name)
-            info["notes"] = notes
-            info["elapsed_s"] = round(time.monotonic() - t0, 1)
-            (out / "work" / f"{name}.info.json").write_text(json.dumps(info, indent=1))
-            log(f"{name}: {len(info['invocations'])} invocations, {info['elapsed_s']}s; "
-                + "; ".join(notes)[:600])
-            for e in info["pid1"]:
-                if e["MESSAGE_ID"] in ("98e322203f7a4ed290d09fe03c09fe15",
-                                       "7ad2d189f7e94e70a38c781354912448"):
-                    log(f"   {e['MESSAGE']} {e['EXIT_CODE']} {e['EXIT_STATUS']}")
-    log("container down")
+    b2.run_batch(SCENARIOS, _drive)
 
 
 if __name__ == "__main__":
