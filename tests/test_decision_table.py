@@ -177,7 +177,7 @@ class TestDecisionTable:
         assert verdict.root_cause is not None  # never "no crash found" for a failed start
         assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 5
         assert [d.rule for d in decisions] == ["unknown_first"] * 2 + ["unknown_no_cause"] * 3
-        assert "no line names its cause" in decisions[-1].reason
+        assert "no error line names its cause" in decisions[-1].reason
 
     def test_unknown_after_serving_never_halts_by_repetition(self, table: SignatureTable) -> None:
         """unknown_after_serving: an SGLang scheduler exception after half an hour of serving
