@@ -185,8 +185,9 @@ def side_by_side(blind: Mapping[str, Tally], seen: Mapping[str, Tally]) -> str:
     """Blind and seen figures in one Markdown table, a row per engine and one for all."""
     rows = [
         "| engine | logs | fatal halted 1st: blind / seen | restarts wasted: blind / seen | "
-        "transient halted: blind / seen | root cause right: blind / seen |",
-        "|---|---|---|---|---|---|",
+        "transient halted: blind / seen | root cause right: blind / seen | "
+        "fatal whose cause line is in the log, halted 1st: blind / seen |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in sorted(blind, key=lambda row: row == "overall"):
         b, s = blind[name], seen[name]
@@ -199,6 +200,7 @@ def side_by_side(blind: Mapping[str, Tally], seen: Mapping[str, Tally]) -> str:
             f"{b.restarts_wasted} / {s.restarts_wasted}",
             f"{b.transient_halted} / {s.transient_halted} of {b.transient}",
             f"{b.root_ok} / {s.root_ok}",
+            f"{b.fatal_keyed_halted_first} / {s.fatal_keyed_halted_first} of {b.fatal_keyed}",
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -19,6 +19,10 @@ class Tally:
     logs: int = 0
     fatal: int = 0
     fatal_halted_first: int = 0
+    # Fatal logs whose label names the line that says the cause (a root-cause key): the
+    # others are excerpts cut before it, where a first-crash halt would rest on nothing.
+    fatal_keyed: int = 0
+    fatal_keyed_halted_first: int = 0
     restarts_wasted: int = 0
     transient: int = 0
     transient_halted: int = 0
@@ -38,6 +42,9 @@ class Tally:
             self.fatal += 1
             self.fatal_halted_first += score.halted_first
             self.restarts_wasted += score.restarts_wasted or 0
+            if run.log.key:
+                self.fatal_keyed += 1
+                self.fatal_keyed_halted_first += score.halted_first
         elif severity == "transient":
             self.transient += 1
             self.transient_halted += bool(score.wrongly_halted)

@@ -276,6 +276,7 @@ class Rule(StrEnum):
     TRANSIENT = "transient"
     UNKNOWN_FIRST = "unknown_first"
     UNKNOWN_REPEAT = "unknown_repeat"
+    UNKNOWN_NO_CAUSE = "unknown_no_cause"
     UNKNOWN_AFTER_SERVING = "unknown_after_serving"
     # Not the present invocation: recorded, not acted on (supervisor.actions.actor).
     LATE = "late"
@@ -419,6 +420,7 @@ class CauseFacts:
     # The class it names: its exception line, a carried cause's, or a raise statement's.
     exception: str | None = None
     frame: str | None = None  # the innermost frame of its traceback: where it was raised
+    callers: tuple[str, ...] = ()  # the frames around it, outermost first
     raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
     pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
     guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count

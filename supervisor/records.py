@@ -65,11 +65,12 @@ def pending_from_record(record: Mapping[str, Any]) -> Pending:
     outcome, as every record of earlier versions is). Raises as `outcome_from_record`."""
     if "decision" in record:
         return outcome_from_record(record)
-    facts = dict(record.get("facts") or {})
+    facts = _known(CauseFacts, dict(record.get("facts") or {}))
+    facts["callers"] = tuple(str(frame) for frame in facts.get("callers") or ())
     return Ended(
         invocation=_invocation(dict(record["invocation"])),
         reading=_verdict(dict(record["reading"])),
-        facts=CauseFacts(**_known(CauseFacts, facts)),
+        facts=CauseFacts(**facts),
     )
 
 

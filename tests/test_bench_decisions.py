@@ -109,7 +109,8 @@ class TestCorpusDecisions:
 
     def test_repeat_halted_transients_have_no_cause(self) -> None:
         """The baseline's repeat-halted transient logs are transient, and either their excerpt
-        lacks the root cause or it names only a wrapper: nothing a rule could read."""
+        lacks the root cause or it names only a wrapper: nothing a rule could read; or they are
+        hold-outs, which no change was made for."""
         labels = {log.file: log for log in read_index(CORPUS)}
         known = json.loads(BASELINE.read_text())["transient_halted_by_repetition"]
         assert known == sorted(known)
@@ -118,7 +119,9 @@ class TestCorpusDecisions:
         # cause line, transient by their issues' titles; no rule can read what is not there.
         # 248, recorded here: a worker SIGKILLed during load, whose log, like 219's, names
         # no cause at all (bench/README.md: halting no such crash leaves fatal loops looping).
-        assert len(known) <= 5, "the list may only shrink"
+        # 265, a batch-3 hold-out halted so when scored (the hub answering 500), left the list
+        # once the lexicon read a remote server's 500 as it reads 502-504 (no longer held out).
+        assert len(known) <= 0, "the list may only shrink"
 
     def test_baseline_fatal_loops_still_halt_first(
         self, corpus_runs: list[tuple[LogRun, Score]]
@@ -592,6 +595,9 @@ def test_command_line_blind_text() -> None:
     assert result.stdout.startswith("BLIND:")
     side_by_side = result.stdout.split("Blind / seen")[1]
     # Blind, only the wrapper `EngineCore failed to start.` of a cut traceback is left (the
-    # INFO line with the negative KV cache is no cause): halted by repetition on the third
-    # crash (2 restarts wasted); seen, its signature halts the first.
-    assert "| **all** | 1 | 0 / 1 of 1 | 2 / 0 |" in side_by_side
+    # INFO line with the negative KV cache is no cause): no line names the cause, so never
+    # halted by repetition (4 restarts wasted); seen, its signature halts the first.
+    assert "| **all** | 1 | 0 / 1 of 1 | 4 / 0 |" in side_by_side
+    # Its label names the cause line (the negative KV cache), so it counts among the fatal
+    # logs whose cause is in the log.
+    assert side_by_side.rstrip().endswith("| 0 / 1 | 0 / 1 of 1 |")

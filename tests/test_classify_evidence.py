@@ -50,6 +50,11 @@ def _traceback(*frames: tuple[str, str], exception: str | None) -> list[str]:
     return [*lines, f"{V1}{exception}"] if exception else lines
 
 
+def _frame(path: str, line: int, function: str, code: str) -> tuple[str, str]:
+    """A traceback frame and its source line, for `_traceback`."""
+    return f'File "{path}", line {line}, in {function}', code
+
+
 LOADER = (f'File "{SITE}/vllm/model_executor/model_loader/loader.py", line 9, in load_model', "x")
 
 
@@ -177,9 +182,10 @@ class TestWhatWrapsTheCause:
             empty,
             _traceback(
                 LOADER,
-                (
-                    f'File "{SITE}/vllm/model_executor/layers/quantization/awq.py", line 88, '
-                    "in get_quant_method",
+                _frame(
+                    f"{SITE}/vllm/model_executor/layers/quantization/awq.py",
+                    88,
+                    "get_quant_method",
                     'raise ValueError(f"Unsupported quantization layout {layout} for {arch}")',
                 ),
                 exception=None,
@@ -189,6 +195,77 @@ class TestWhatWrapsTheCause:
             'raise ValueError(f"Unsupported quantization layout {layout} for {arch}")'
         )
         assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+
+    def test_a_standard_library_helper_raises_for_its_caller(self, empty: SignatureTable) -> None:
+        """vLLM's model registry runs the model's inspection in a subprocess; it fails and
+        `subprocess.check_returncode` raises CalledProcessError. The helper only reports its
+        caller's result: the raise site is the registry (model loading), and a start-up crash
+        raised there is fatal."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                _frame(
+                    f"{SITE}/vllm/model_executor/models/registry.py",
+                    434,
+                    "_run_in_subprocess",
+                    "returned.check_returncode()",
+                ),
+                _frame(
+                    "/usr/lib/python3.12/subprocess.py",
+                    502,
+                    "check_returncode",
+                    "raise CalledProcessError(self.returncode, self.args, self.stdout,",
+                ),
+                exception="subprocess.CalledProcessError: Command '['/venv/bin/python', "
+                "'-m', 'vllm.model_executor.models.registry']' returned non-zero exit status 1.",
+            ),
+        )
+        assert (verdict.severity, verdict.basis) == (Severity.FATAL, "inferred")
+        assert verdict.severity_reason is not None
+        assert "raised in 'vllm/model_executor/models/registry.py'" in verdict.severity_reason
+
+    def test_a_standard_library_site_of_its_own_counts(self, empty: SignatureTable) -> None:
+        """socket.py is a network site itself: its caller is not asked."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                _frame(
+                    f"{SITE}/vllm/model_executor/model_loader/weight_utils.py",
+                    9,
+                    "fetch",
+                    "sock.connect(addr)",
+                ),
+                _frame("/usr/lib/python3.12/socket.py", 850, "create_connection", "raise err"),
+                exception="OSError: [Errno 113] No route to host",
+            ),
+        )
+        assert verdict.severity is not Severity.FATAL
+
+    @pytest.mark.parametrize("statement", ["raise Exception(", "raise RuntimeError()"])
+    def test_a_raise_statement_without_its_message_names_no_cause(
+        self, empty: SignatureTable, statement: str
+    ) -> None:
+        """SGLang's `raise Exception(` with its message on the lines the traceback does not
+        show: the statement is still the best line, but a class raised for anything, with no
+        words, names no cause (low confidence: repeats of it never halt on their own)."""
+        verdict = _judge(
+            empty,
+            _traceback(
+                LOADER,
+                _frame(
+                    f"{SITE}/sglang/srt/model_executor/cuda_graph_runner.py",
+                    239,
+                    "__init__",
+                    statement,
+                ),
+                exception=None,
+            ),
+        )
+        assert verdict.root_cause == statement
+        assert verdict.severity is Severity.UNKNOWN
+        assert verdict.confidence == "low"
 
     def test_a_message_that_only_introduces_is_a_wrapper(self, empty: SignatureTable) -> None:
         """`EngineCore failed to start.` then a cut traceback: nothing is inferred from it."""

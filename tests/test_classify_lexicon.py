@@ -287,6 +287,39 @@ class TestNumbersClassesSites:
         if clue is not None:
             assert clue.strength is Strength.WEAK
 
+    @given(
+        frames=st.lists(
+            st.one_of(
+                st.text(max_size=80),
+                st.builds(
+                    lambda lib, name, function: f'  File "{lib}/{name}.py", line 1, in {function}',
+                    st.sampled_from(
+                        ["/usr/lib/python3.12", "/v/site-packages/vllm/model_executor/models"]
+                    ),
+                    st.sampled_from(["subprocess", "socket", "registry", "x"]),
+                    st.sampled_from(["check_returncode", "_check_x", "<module>", "f"]),
+                ),
+            ),
+            max_size=6,
+        )
+    )
+    def test_a_site_is_the_innermost_outside_the_standard_library(
+        self, lexicon: Lexicon, frames: list[str]
+    ) -> None:
+        """Any frames: the clue is the innermost frame's own, or, when that is a standard
+        library helper with none, the innermost caller's outside that library."""
+        frame, callers = (frames[-1], frames[:-1]) if frames else (None, [])
+        clue = lexicon.site(frame, callers)
+        own = lexicon.site(frame)
+        if own is not None or frame is None or "/usr/lib/python3.12/" not in frame:
+            assert clue == own
+        else:
+            library = [
+                (p := frame_parts(c)) is not None and "/lib/python3.12/" in p[0] for c in callers
+            ]
+            outside = [c for c, inside in zip(callers, library, strict=True) if not inside]
+            assert clue == (lexicon.site(outside[-1]) if outside else None)
+
     def test_frame_parts(self) -> None:
         """Python's and faulthandler's frame lines give their file and function."""
         assert frame_parts('  File "/x/y.py", line 3, in f') == ("/x/y.py", "f")

@@ -103,6 +103,13 @@ class TestDecisionTable:
         assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
         assert verdict.basis == "signature"
 
+    def test_a_hub_answering_500_restarts(self, table: SignatureTable) -> None:
+        """transient: the model hub answers 500 Internal Server Error to every download (real
+        vLLM against a stand-in hub): the server's fault, not the start's; five restarts."""
+        verdict, decisions = _decide(table, label_of("265-real-vllm-hub-500.log"), repeats=5)
+        assert (verdict.severity, verdict.basis) == (Severity.TRANSIENT, "inferred")
+        assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
+
     def test_transient_inferred_restarts(self, table: SignatureTable) -> None:
         """transient (inferred): no signature (the Hugging Face set left out), the hub not
         reachable before serving (real vLLM, no network): a restart may not meet it again."""
@@ -140,14 +147,37 @@ class TestDecisionTable:
         assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
 
     def test_unknown_before_serving_halts_when_it_repeats(self, table: SignatureTable) -> None:
-        """unknown_first, then unknown_repeat: a traceback cut before its exception (no cause
-        in the log), the same crash 3 times before serving."""
-        label = label_of("61-model-type-unrecognized-old-transformers.log")
+        """unknown_first, then unknown_repeat: an error line no signature or word settles
+        (flashinfer's JIT build echoing its nvcc command), the same crash 3 times before
+        serving."""
+        label = label_of("71-flashinfer-jit-ninja-bad-cuda-home.log")
         verdict, decisions = _decide(table, label, repeats=3)
-        assert verdict.basis == "unknown" and verdict.confidence == "low"
-        assert verdict.root_cause is not None  # never "no crash found" for a failed start
+        assert verdict.basis == "unknown" and verdict.confidence == "medium"
         assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 2 + [Action.HALT]
         assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
+
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "61-model-type-unrecognized-old-transformers.log",  # cut before its exception
+            "248-real-vllm-worker-sigkill-during-load.log",  # only "see root cause above"
+            "407-vllm-v0-worker-init-device-distnetworkerror-cut.log",  # only the wrapper
+            "412-ipex-llm-vllm-hub-unreachable-create-engine-config.log",  # no error line
+        ],
+    )
+    def test_a_crash_with_no_cause_line_is_never_halted_by_repetition(
+        self, table: SignatureTable, name: str
+    ) -> None:
+        """unknown_no_cause: no line of the start names its cause (a traceback cut before
+        its exception, a wrapper that points elsewhere, nothing at all). Its repeats say only
+        that the start fails the same way, as a hub outage or a kill does: a halt would rest
+        on nothing, so five are restarted and each decision says the cause is not known."""
+        verdict, decisions = _decide(table, _startup(label_of(name)), repeats=5)
+        assert verdict.basis == "unknown" and verdict.confidence == "low"
+        assert verdict.root_cause is not None  # never "no crash found" for a failed start
+        assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 5
+        assert [d.rule for d in decisions] == ["unknown_first"] * 2 + ["unknown_no_cause"] * 3
+        assert "no error line names its cause" in decisions[-1].reason
 
     def test_unknown_after_serving_never_halts_by_repetition(self, table: SignatureTable) -> None:
         """unknown_after_serving: an SGLang scheduler exception after half an hour of serving

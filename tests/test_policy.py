@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_supervisor.decide.policy import RestartPolicy
-from vllm_supervisor.model import HALT_RULES, Action, Ending, Invocation, Rule, Severity, Verdict
+from vllm_supervisor.model import (
+    HALT_RULES,
+    Action,
+    Confidence,
+    Ending,
+    Invocation,
+    Rule,
+    Severity,
+    Verdict,
+)
 
 CRASHED = Invocation(
     unit="vllm.service",
@@ -255,3 +266,56 @@ class TestSecondIdenticalStartupCrash:
         if decision.action is Action.HALT:
             assert leaning is Severity.FATAL
             assert min(first, second) * 2 >= max(first, second) or abs(first - second) <= 15
+
+
+class TestNoCauseNeverHaltsByRepetition:
+    """A crash no line explains (low confidence: a guess, a pointer, PID 1's record), leaning
+    nowhere, whose ending names no cause either, is restarted however often it repeats."""
+
+    @given(
+        confidence=st.sampled_from([None, *Confidence]),
+        leaning=st.sampled_from([None, Severity.FATAL, Severity.TRANSIENT]),
+        ending=st.sampled_from(
+            [
+                ("exited", 1, "exit-code"),
+                ("killed", 6, "signal"),
+                ("dumped", 11, "core-dump"),
+                ("killed", 9, "timeout"),
+                ("killed", 6, "watchdog"),
+            ]
+        ),
+        seconds=st.lists(st.floats(1.0, 3600.0), min_size=1, max_size=8),
+    )
+    def test_only_an_explained_crash_halts_by_repetition(
+        self,
+        confidence: Confidence | None,
+        leaning: Severity | None,
+        ending: tuple[str, int, str],
+        seconds: list[float],
+    ) -> None:
+        exit_code, exit_status, result = ending
+        verdict = dataclasses.replace(_leaning(leaning), confidence=confidence)
+        policy = RestartPolicy()
+        decisions = [
+            policy.decide(
+                dataclasses.replace(
+                    _ended_after(s, f"{n}"),
+                    exit_code=exit_code,
+                    exit_status=exit_status,
+                    result=result,
+                ),
+                verdict,
+            )
+            for n, s in enumerate(seconds)
+        ]
+        unexplained = (
+            confidence is Confidence.LOW
+            and leaning is not Severity.FATAL
+            and exit_code != "dumped"
+            and result not in ("core-dump", "timeout", "watchdog")
+        )
+        if unexplained:
+            assert all(d.action is Action.ALLOW_RESTART for d in decisions)
+            assert all(d.rule is Rule.UNKNOWN_NO_CAUSE for d in decisions[2:])
+        elif leaning is not Severity.FATAL and len(seconds) >= 3:
+            assert decisions[2].action is Action.HALT  # the third identical crash, as before

@@ -114,7 +114,16 @@ def test_a_record_that_is_not_one_raises_a_clear_error(record: dict[str, object]
     raise AssertionError(f"read as an outcome: {record}")
 
 
-@given(OUTCOMES, st.builds(CauseFacts, words=MAYBE_TEXT, frame=MAYBE_TEXT, pointer=st.booleans()))
+@given(
+    OUTCOMES,
+    st.builds(
+        CauseFacts,
+        words=MAYBE_TEXT,
+        frame=MAYBE_TEXT,
+        callers=st.lists(st.text(max_size=40), max_size=3).map(tuple),
+        pointer=st.booleans(),
+    ),
+)
 def test_an_ended_record_reads_back_as_its_reading_without_its_lines(
     outcome: Outcome, facts: CauseFacts
 ) -> None:

@@ -69,6 +69,7 @@ from .logline import (
     exception_name,
     parse_line,
     raise_statement,
+    raise_without_message,
 )
 from .signatures import SignatureMatch, SignatureTable
 
@@ -336,10 +337,12 @@ class Classifier:
                 continue
             text = ann.lines[code].text.strip()[: self.max_line_chars]
             match = self.table.match(text, frames=[ann.lines[f].text for f in block.frames])
+            # With no words on the line, the statement names a class and no cause.
+            tier = _TIER_WARNING if raise_without_message(text) else _TIER_EXCEPTION
             candidate = (
                 _from_match(code, text, match)
                 if match is not None
-                else _Candidate(_TIER_EXCEPTION, 0, code, text, None)
+                else _Candidate(tier, 0, code, text, None)
             )
             if (candidate := _in_context(ann, block, candidate)) is not None:
                 found.append(candidate)
@@ -349,7 +352,8 @@ class Classifier:
         """What the chosen line and its traceback say beside the line's words."""
         block = self._block(ann, best.index)
         role, line = ann.roles[best.index], ann.lines[best.index]
-        frame = ann.lines[block.frames[-1]].text if block is not None and block.frames else None
+        frames = [ann.lines[f].text for f in block.frames] if block is not None else []
+        frame = frames[-1] if frames else None
         carried = carried_cause(line.text)
         raised = raise_statement(line.text) if role is Role.CODE else None
         if raised is not None:
@@ -364,6 +368,7 @@ class Classifier:
             words=carried.cause if carried else None,
             exception=exception,
             frame=frame,
+            callers=tuple(frames[:-1]),
             raise_statement=raised is not None,
             pointer=best.tier == _TIER_WRAPPER,
         )
@@ -419,7 +424,8 @@ def _site_only(ann: Annotated, crashed: list[TracebackBlock]) -> CauseFacts:
     """With no cause line, the innermost frame of the last crashed traceback is all there is."""
     for block in reversed(crashed):
         if block.frames:
-            return CauseFacts(frame=ann.lines[block.frames[-1]].text)
+            frames = [ann.lines[f].text for f in block.frames]
+            return CauseFacts(frame=frames[-1], callers=tuple(frames[:-1]))
     return NO_FACTS
 
 

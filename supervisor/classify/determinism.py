@@ -162,7 +162,7 @@ def weigh(
         exception = facts.exception if facts is not NO_FACTS else _exception_kind(cause)
         if (by_class := lexicon.exception(exception)) is not None:
             clues.append(by_class)
-    if (site := lexicon.site(facts.frame)) is not None:
+    if (site := lexicon.site(facts.frame, facts.callers)) is not None:
         clues.append(site)
     deterministic = strongest(clues, Reads.DETERMINISTIC)
     indeterminate = strongest(clues, Reads.INDETERMINATE)

@@ -239,8 +239,19 @@ class Lexicon:
             return None
         return Clue(entry.id, entry.reads, entry.strength, short, "class")
 
-    def site(self, frame: str | None) -> Clue | None:
-        """What the innermost frame's module or function says (always a weak clue)."""
+    def site(self, frame: str | None, callers: Sequence[str] = ()) -> Clue | None:
+        """What the innermost frame's module or function says (always a weak clue). A helper
+        of the standard library with no site of its own (`subprocess.check_returncode`)
+        raises for its caller: then the innermost caller outside that library says it."""
+        clue = self._site_of(frame)
+        if clue is not None or not _in_standard_library(frame):
+            return clue
+        for caller in reversed(callers):
+            if not _in_standard_library(caller):
+                return self._site_of(caller)
+        return None
+
+    def _site_of(self, frame: str | None) -> Clue | None:
         parts = frame_parts(frame) if frame else None
         if parts is None:
             return None
@@ -260,6 +271,11 @@ class Lexicon:
 
 # A module of Python's own library: `/usr/lib/python3.12/subprocess.py`, not site-packages.
 _STANDARD_LIBRARY = re.compile(r"/lib/python3(?:\.\d+)?/(?!site-packages/|dist-packages/)")
+
+
+def _in_standard_library(frame: str | None) -> bool:
+    parts = frame_parts(frame) if frame else None
+    return parts is not None and _STANDARD_LIBRARY.search(parts[0]) is not None
 
 
 def _wording_set(patterns: Sequence[Any]) -> Any:

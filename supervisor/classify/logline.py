@@ -657,6 +657,14 @@ def raise_statement(code: str) -> str | None:
     return m.group(1).rsplit(".", 1)[-1] if m else None
 
 
+def raise_without_message(code: str) -> bool:
+    """A `raise X(` statement whose message is not on its line (`raise Exception(` continued
+    below, `raise X()`): it names a class and no words."""
+    text = code.strip()
+    m = _RAISE.match(text)
+    return m is not None and text[m.end() :].strip() in ("", ")")
+
+
 def _next_text(ann: Annotated, index: int, *, startswith: str = "") -> str | None:
     """A following line of the same process (within a few lines), stripped."""
     process = ann.processes[index]

@@ -25,6 +25,11 @@ Rules, in order:
    second load reads the weights from the page cache) is the repetition that settles it. A
    crash that leans transient, or none, or came at another time, waits for the K-th: a
    process the last start left behind (GPU memory, a port) can outlive one restart.
+   A crash no error line names the cause of (a traceback cut before its exception, a wrapper
+   that only points elsewhere, a warning, nothing printed; a core dump or systemd's own
+   timeout is a cause's record) never halts by repetition (`unknown_no_cause`): a hub outage
+   or someone's kill repeats as identically, and a halt on nothing costs an outage where a
+   missed one costs a reload.
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
@@ -41,6 +46,7 @@ from ..model import (
     ENDINGS,
     Action,
     Basis,
+    Confidence,
     Decision,
     Evidence,
     Invocation,
@@ -183,6 +189,15 @@ class RestartPolicy:
             streak.fingerprint, streak.count = fingerprint, 1
         streak.ran_s = phase.ran_s
         limit = rules.unknown_repeat_limit
+        if streak.count >= limit and _names_no_cause(invocation, verdict):
+            return Decision(
+                action=Action.ALLOW_RESTART,
+                reason=f"the same crash (fingerprint {fingerprint}) ended {streak.count} "
+                f"consecutive invocations, each {phase.describe()}, but no error line names "
+                "its cause: not halted on repetition alone (a hub outage or a kill repeats "
+                "too); read the unit's journal",
+                rule=Rule.UNKNOWN_NO_CAUSE,
+            )
         if streak.count >= limit:
             return Decision(
                 action=Action.HALT,
@@ -223,6 +238,23 @@ class RestartPolicy:
     def forget(self, unit: str) -> None:
         """Drop a unit's streak (after `release`)."""
         self._streaks.pop(unit, None)
+
+
+# Endings that are a cause's own record: a core dump (the crash inside), and systemd's own
+# kill of a start or a watchdog that ran out of time (the same load takes as long again).
+_ENDINGS_THAT_NAME_A_CAUSE = frozenset({"timeout", "watchdog", "core-dump"})
+
+
+def _names_no_cause(invocation: Invocation, verdict: Verdict) -> bool:
+    """No error line of the invocation names its cause: the classifier's root cause is a
+    guess, a wrapper that points elsewhere, a warning or systemd's exit record (low
+    confidence), its words lean nowhere, and the ending is no cause's own record either."""
+    return (
+        verdict.confidence is Confidence.LOW
+        and verdict.leaning is not Severity.FATAL
+        and invocation.exit_code != "dumped"
+        and invocation.result not in _ENDINGS_THAT_NAME_A_CAUSE
+    )
 
 
 def _as_dry_run(decision: Decision) -> Decision:

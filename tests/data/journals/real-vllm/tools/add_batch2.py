@@ -1,8 +1,8 @@
-"""Add batch-2 recordings to the corpus: the first invocation's log as corpus/2NN-real-vllm-SLUG.log,
+"""Add batch-2 and batch-3 recordings to the corpus: the first invocation's log as corpus/2NN-real-vllm-SLUG.log,
 the unit's whole journal as NN-SLUG.export.xz, and an INDEX.tsv row (the key must be in the log).
 
 Usage: python3 add_batch2.py ROWS.tsv OUTDIR...  (ROWS.tsv: scenario, severity, key, phase,
-ended, notes; scenario = NN-slug as run_batch2.py names it; OUTDIRs are searched in order)
+ended, notes; scenario = NN-slug as run_batch2.py or run_batch3.py names it; OUTDIRs are searched in order)
 """
 
 import lzma

@@ -1,26 +1,49 @@
-"""A model hub stand-in on loopback: answers every request with one HTTP status, or never.
+"""A model hub stand-in on loopback: answers every request with one HTTP status, or never,
+or resets the connection, or answers as the hub does for a repository it does not know.
 
-Usage: python3 hub_stand_in.py PORT 429|503|hang
+Usage: python3 hub_stand_in.py PORT 429|503|500|hang|reset|repo-not-found
 """
 import http.server
+import socket
 import socketserver
+import struct
 import sys
 import os
 import time
 
 port, mode = int(sys.argv[1]), sys.argv[2]
+BODIES = {
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
+    def handle(self) -> None:
+        if mode != "reset":
+            super().handle()
+            return
+        self.rfile.readline()  # the request line has arrived: now reset (RST, not FIN)
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+
     def _answer(self) -> None:
         if mode == "hang":
             time.sleep(3600)
             return
-        status = int(mode)
-        body = {429: b"Too Many Requests", 503: b"Service Unavailable"}.get(status, b"")
-        self.send_response(status)
-        if status in (429, 503):
-            self.send_header("Retry-After", os.environ.get("RETRY_AFTER", "2"))
+        if mode == "repo-not-found":  # what huggingface.co answers for an unknown repo id
+            body = b'{"error":"Repository not found"}'
+            self.send_response(401)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("X-Error-Message", "Repository not found")
+            self.send_header("Content-Type", "application/json")
+        else:
+            status = int(mode)
+            body = BODIES.get(status, b"")
+            self.send_response(status)
+            if status in (429, 503):
+                self.send_header("Retry-After", os.environ.get("RETRY_AFTER", "2"))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":

