@@ -332,9 +332,16 @@ class Prefilter:
 
     def candidates(self, text: str) -> set[int]:
         """Pattern numbers whose literals `text` holds (all of one branch's), `always` aside."""
-        data = text.encode("utf-8", "surrogatepass").lower()
+        # Strict: a lone surrogate raises here as it does in RE2's own encoding of the line.
+        return self.candidates_in(text.encode())
+
+    def candidates_in(self, encoded: bytes) -> set[int]:
+        """`candidates` of a line already encoded as UTF-8."""
+        data = encoded.lower()
         keys = self._keys.intersection(data.translate(_SPLIT).split())
         found: set[int] = set()
+        if not keys:
+            return found  # most lines
         for key in keys:
             bucket = self._index[key]
             if isinstance(bucket, bytes):

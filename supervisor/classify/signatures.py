@@ -383,7 +383,8 @@ class SignatureTable:
     def _hits(self, text: str) -> list[tuple[int, int]]:
         """(signature, pattern) pairs whose pattern may match `text`, best first: those the
         prefilter keeps, and those of the patterns it cannot read that their sets find."""
-        found = self.prefilter.candidates(text)
+        encoded = text.encode()  # once, for the prefilter and the sets (RE2 takes UTF-8)
+        found = self.prefilter.candidates_in(encoded)
         always = self.prefilter.always
         if always:
             if self._always is None:
@@ -392,11 +393,11 @@ class SignatureTable:
                     self.signatures, owners, self._files, self.prefilter.always_patterns
                 )
             for start, rset in self._always:
-                matched = rset.Match(text)
+                matched = rset.Match(encoded)
                 if matched:
                     found.update(always[start + i] for i in matched)
-        if not found:
-            return []
+        if len(found) < 2:
+            return [self._owner(i) for i in found]
         hits = sorted(self._owner(i) for i in found)
         hits.sort(key=lambda hit: self._rank(hit[0]))
         return hits
