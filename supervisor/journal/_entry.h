@@ -7,6 +7,8 @@
 
 #include <Python.h>
 
+#include <string.h>
+
 #define N_SLOTS 13
 #define N_LIFECYCLE 9
 
@@ -17,6 +19,43 @@ typedef struct {
 
 static PyTypeObject *entry_type = NULL;
 static PyObject *slot_descr[N_SLOTS];
+
+static PyObject *message_text = NULL;         /* message_text(raw: bytes, max_chars: int) -> str */
+static PyObject *lifecycle_keys[N_LIFECYCLE]; /* str: the lifecycle fields' keys, in order */
+
+/* MESSAGE as str: decoded here when it is short and plain, else by `message_text` (the cut,
+ * `\r` and NUL handling live in Python once). */
+static PyObject *message_of(Span raw, Py_ssize_t max_chars) {
+    if (raw.n <= max_chars && memchr(raw.p, '\r', (size_t)raw.n) == NULL &&
+        memchr(raw.p, '\0', (size_t)raw.n) == NULL)
+        return PyUnicode_DecodeUTF8(raw.p, raw.n, "replace");
+    PyObject *bytes = PyBytes_FromStringAndSize(raw.p, raw.n);
+    if (bytes == NULL)
+        return NULL;
+    PyObject *value = PyObject_CallFunction(message_text, "On", bytes, max_chars);
+    Py_DECREF(bytes);
+    return value;
+}
+
+/* The lifecycle fields as a dict of str under `lifecycle_keys`: those marked in `present`, or,
+ * with no marks (NULL), those not empty. */
+static PyObject *lifecycle_dict(const Span *values, const unsigned char *present) {
+    PyObject *fields = PyDict_New();
+    if (fields == NULL)
+        return NULL;
+    for (int i = 0; i < N_LIFECYCLE; i++) {
+        if (present != NULL ? !present[i] : values[i].n == 0)
+            continue;
+        PyObject *decoded = PyUnicode_DecodeUTF8(values[i].p, values[i].n, "replace");
+        if (decoded == NULL || PyDict_SetItem(fields, lifecycle_keys[i], decoded) < 0) {
+            Py_XDECREF(decoded);
+            Py_DECREF(fields);
+            return NULL;
+        }
+        Py_DECREF(decoded);
+    }
+    return fields;
+}
 
 static int all_digits(Span s) {
     if (s.n == 0)

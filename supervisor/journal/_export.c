@@ -51,8 +51,6 @@ static const char *const fixed_names[F_LIFECYCLE] = {
 
 static char *field_names[N_FIELDS];
 static Py_ssize_t field_lengths[N_FIELDS];
-static PyObject *lifecycle_keys[N_LIFECYCLE]; /* str */
-static PyObject *message_text = NULL;         /* message_text(raw: bytes, max_chars) -> str */
 static PyObject *field_int = NULL;            /* field_int(raw: bytes) -> int | None */
 static PyObject *empty_fields = NULL;
 
@@ -162,37 +160,6 @@ static PyObject *text(const Fields *f, int i, int utf8, int empty_is_none) {
     return utf8 ? PyUnicode_DecodeUTF8(s.p, s.n, "replace") : PyUnicode_DecodeASCII(s.p, s.n, "replace");
 }
 
-static PyObject *message_of(Span raw, Py_ssize_t max_chars) {
-    if (raw.n <= max_chars && memchr(raw.p, '\r', (size_t)raw.n) == NULL &&
-        memchr(raw.p, '\0', (size_t)raw.n) == NULL)
-        return PyUnicode_DecodeUTF8(raw.p, raw.n, "replace");
-    PyObject *bytes = PyBytes_FromStringAndSize(raw.p, raw.n);
-    if (bytes == NULL)
-        return NULL;
-    PyObject *value = PyObject_CallFunction(message_text, "On", bytes, max_chars);
-    Py_DECREF(bytes);
-    return value;
-}
-
-static PyObject *lifecycle_dict(const Fields *f) {
-    PyObject *fields = PyDict_New();
-    if (fields == NULL)
-        return NULL;
-    for (int i = 0; i < N_LIFECYCLE; i++) {
-        if (!f->present[F_LIFECYCLE + i])
-            continue;
-        Span value = f->value[F_LIFECYCLE + i];
-        PyObject *decoded = PyUnicode_DecodeUTF8(value.p, value.n, "replace");
-        if (decoded == NULL || PyDict_SetItem(fields, lifecycle_keys[i], decoded) < 0) {
-            Py_XDECREF(decoded);
-            Py_DECREF(fields);
-            return NULL;
-        }
-        Py_DECREF(decoded);
-    }
-    return fields;
-}
-
 static int is(const Fields *f, int i, char c) {
     return f->present[i] && f->value[i].n == 1 && f->value[i].p[0] == c;
 }
@@ -220,7 +187,7 @@ static PyObject *decode(const Fields *f, Py_ssize_t max_chars) {
     values[6] = number(f, F_PRIORITY);
     values[7] = text(f, F_MESSAGE_ID, 0, 0);
     values[8] = Py_NewRef(is(f, F_PID, '1') ? Py_True : Py_False);
-    values[9] = f->present[F_MESSAGE_ID] ? lifecycle_dict(f) : Py_NewRef(empty_fields);
+    values[9] = f->present[F_MESSAGE_ID] ? lifecycle_dict(&f->value[F_LIFECYCLE], &f->present[F_LIFECYCLE]) : Py_NewRef(empty_fields);
     values[10] = text(f, F_MACHINE_ID, 1, 1);
     values[11] = text(f, F_HOSTNAME, 1, 1);
     values[12] = text(f, F_BOOT_ID, 1, 1);

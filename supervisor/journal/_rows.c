@@ -19,8 +19,6 @@
 #define N_COLUMNS (2 + 12 + N_LIFECYCLE + 1)
 #define LIFECYCLE_AT 14
 
-static PyObject *lifecycle_names[N_LIFECYCLE];
-static PyObject *message_text = NULL; /* message_text(raw: bytes, max_chars: int) -> str */
 static PyObject *empty_fields = NULL;
 
 
@@ -82,7 +80,7 @@ static PyObject *configure(PyObject *self, PyObject *args) {
         PyObject *name = PySequence_GetItem(lifecycle, i);
         if (name == NULL)
             return NULL;
-        Py_XSETREF(lifecycle_names[i], name);
+        Py_XSETREF(lifecycle_keys[i], name);
     }
     Py_INCREF(cls);
     Py_XSETREF(entry_type, (PyTypeObject *)cls);
@@ -91,36 +89,6 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_INCREF(empty);
     Py_XSETREF(empty_fields, empty);
     Py_RETURN_NONE;
-}
-
-static PyObject *lifecycle_dict(const Span *cols) {
-    PyObject *fields = PyDict_New();
-    if (fields == NULL)
-        return NULL;
-    for (int i = 0; i < N_LIFECYCLE; i++) {
-        Span value = cols[LIFECYCLE_AT + i];
-        if (value.n == 0)
-            continue;
-        PyObject *text = PyUnicode_DecodeUTF8(value.p, value.n, "replace");
-        if (text == NULL || PyDict_SetItem(fields, lifecycle_names[i], text) < 0) {
-            Py_XDECREF(text);
-            Py_DECREF(fields);
-            return NULL;
-        }
-        Py_DECREF(text);
-    }
-    return fields;
-}
-
-static PyObject *message_of(const char *p, Py_ssize_t n, Py_ssize_t max_chars) {
-    if (n <= max_chars && memchr(p, '\r', (size_t)n) == NULL && memchr(p, '\0', (size_t)n) == NULL)
-        return PyUnicode_DecodeUTF8(p, n, "replace");
-    PyObject *raw = PyBytes_FromStringAndSize(p, n);
-    if (raw == NULL)
-        return NULL;
-    PyObject *text = PyObject_CallFunction(message_text, "On", raw, max_chars);
-    Py_DECREF(raw);
-    return text;
 }
 
 static PyObject *parse(PyObject *self, PyObject *args) {
@@ -239,14 +207,14 @@ static PyObject *parse(PyObject *self, PyObject *args) {
         PyObject *values[N_SLOTS];
         values[0] = PyUnicode_DecodeASCII(cursor.p, cursor.n, "replace");
         values[1] = all_digits(realtime) ? to_int(realtime) : PyLong_FromLong(0);
-        values[2] = message_of(buf + newline + 1, message_len, max_chars);
+        values[2] = message_of((Span){buf + newline + 1, message_len}, max_chars);
         values[3] = Py_NewRef(id.value[0]);
         values[4] = Py_NewRef(id.value[1]);
         values[5] = Py_NewRef(id.value[2]);
         values[6] = Py_NewRef(id.value[3]);
         values[7] = text_or_none(message_id, 0);
         values[8] = Py_NewRef((pid.n == 1 && pid.p[0] == '1') ? Py_True : Py_False);
-        values[9] = message_id.n ? lifecycle_dict(cols) : Py_NewRef(empty_fields);
+        values[9] = message_id.n ? lifecycle_dict(&cols[LIFECYCLE_AT], NULL) : Py_NewRef(empty_fields);
         values[10] = Py_NewRef(id.value[4]);
         values[11] = Py_NewRef(id.value[5]);
         values[12] = Py_NewRef(id.value[6]);
