@@ -337,11 +337,12 @@ class Prefilter:
 
     def candidates_in(self, encoded: bytes) -> set[int]:
         """`candidates` of a line already encoded as UTF-8."""
-        data = encoded.lower()
-        keys = self._keys.intersection(data.translate(_SPLIT).split())
+        # _SPLIT lower-cases as it splits: the line itself is lowered only when a key is in it.
+        keys = self._keys.intersection(encoded.translate(_SPLIT).split())
         found: set[int] = set()
         if not keys:
             return found  # most lines
+        data = encoded.lower()
         for key in keys:
             bucket = self._index[key]
             if isinstance(bucket, bytes):
