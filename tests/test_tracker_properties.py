@@ -174,7 +174,9 @@ class TestTrackerIsTotal:
             ended += tracker.feed(entry)
             if flush_every and n % flush_every == 0:
                 ended += tracker.due(Now(read=clock()))
+            _check_running_starts(tracker)
         ended += tracker.close_all()
+        assert tracker.running_starts() == {}
         named = Counter(
             (i.host, i.unit, i.invocation_id) for i in ended if i.invocation_id is not None
         )
@@ -187,6 +189,21 @@ class TestTrackerIsTotal:
             assert inv.ending in Ending
         assert tracker.replay_from() is None
         assert tracker.close_all() == []
+
+
+def _check_running_starts(tracker: InvocationTracker) -> None:
+    """What /metrics reads at a scrape: a start for exactly the units with a running
+    invocation, and only the start PID 1 logged (its own realtime)."""
+    starts = tracker.running_starts()
+    for unit, (started, _served) in starts.items():
+        running = tracker.open_invocation(unit)
+        assert running is not None, unit
+        if started is not None:
+            assert running.start_seen
+            assert started == running.started_us
+    for unit in UNITS:
+        if unit not in starts:
+            assert tracker.open_invocation(unit) is None
 
 
 class TestPipelineIsTotal:

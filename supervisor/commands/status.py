@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import datetime
 import json
 import math
+import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +49,11 @@ SYSTEMD_TIMEOUT_S = 2.0
 NO_SUCH_UNIT = "no such unit"  # systemd's LoadState=not-found
 UnitStateLookup = Callable[[Sequence[str]], dict[str, UnitState | str]]
 Health = Callable[[str], tuple[bool, dict[str, Any]] | str]
-ReaderRestarts = Callable[[str], int | None]
+Scrape = Callable[[str], str | None]  # the daemon's /metrics text, or None without an answer
 READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
+RUNNING_START = "vllm_supervisor_unit_start_timestamp_seconds"
+RUNNING_SERVING = "vllm_supervisor_unit_serving"
+_SAMPLE = re.compile(r'^(\w+)\{unit="((?:[^"\\]|\\.)*)"\} (\S+)$')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +68,7 @@ class UnitStatus:
     halted_error: str | None = None  # why the quarantine records could not be read
     last: tuple[dict[str, Any], ...] = ()  # newest first
     drift: tuple[str, ...] = ()  # of the newest crash
+    running: dict[str, Any] | None = None  # the daemon's view: when it started, whether it serves
 
     def to_json(self) -> dict[str, Any]:
         """The unit's entry of `status --format json`."""
@@ -79,6 +86,8 @@ class DaemonStatus:
     error: str | None = None
     squatter: str | None = None  # who else holds the metrics port: /healthz not trusted
     reader_restarts: int | None = None  # of its journal reader child, from /metrics
+    # Per unit, from /metrics: the running invocation's start (Unix time) and whether it serves.
+    starts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +140,7 @@ def gather(
                 halted.get(name),
                 history,
                 halted_error=halted_error,
+                running=daemon.starts.get(name),
             )
             for name in names
         ),
@@ -154,6 +164,7 @@ def _unit_status(
     history: list[dict[str, Any]],
     *,
     halted_error: str | None = None,
+    running: dict[str, Any] | None = None,
 ) -> UnitStatus:
     mine = [h for h in history if isinstance(h, dict) and h.get("unit") == unit]
     mine = mine[-LAST_VERDICTS:][::-1]
@@ -169,6 +180,7 @@ def _unit_status(
         halted_error=None if halted else halted_error,
         last=last,
         drift=tuple(str(d) for d in crashes[0]["drift"]) if crashes else (),
+        running=running,
     )
 
 
@@ -230,11 +242,9 @@ def systemd_states(units: Sequence[str]) -> dict[str, UnitState | str]:
         return dict.fromkeys(units, f"systemd not reachable: {exc}")
 
 
-def daemon_status(
-    config: Config, health: Health, reader_restarts: ReaderRestarts | None = None
-) -> DaemonStatus:
-    """Whether a daemon holds this state directory's lock, what its /healthz says, and how
-    often its journal reader was restarted (/metrics)."""
+def daemon_status(config: Config, health: Health, scrape: Scrape | None = None) -> DaemonStatus:
+    """Whether a daemon holds this state directory's lock, what its /healthz says, and from
+    its /metrics how often its journal reader was restarted and each unit's running start."""
     running, pid, error = lock_holder(config.state.state_dir / LOCK_NAME)
     if not running:
         return DaemonStatus(running=running, pid=pid, error=error)
@@ -248,9 +258,14 @@ def daemon_status(
     if isinstance(answer, str):
         return DaemonStatus(running=True, pid=pid, error=answer)
     healthy, details = answer
-    restarts = (reader_restarts or ask_reader_restarts)(f"http://{_url_host(host)}:{port}/metrics")
+    exposition = (scrape or ask_metrics)(f"http://{_url_host(host)}:{port}/metrics")
     return DaemonStatus(
-        running=True, pid=pid, healthy=healthy, health=details, reader_restarts=restarts
+        running=True,
+        pid=pid,
+        healthy=healthy,
+        health=details,
+        reader_restarts=None if exposition is None else reader_restarts_in(exposition),
+        starts=unit_starts_in(exposition or ""),
     )
 
 
@@ -304,11 +319,11 @@ def ask_health(url: str) -> tuple[bool, dict[str, Any]] | str:
     return response.status_code == 200, body
 
 
-def ask_reader_restarts(url: str) -> int | None:
-    """The journal reader's restarts from the daemon's /metrics, or None without an answer."""
+def ask_metrics(url: str) -> str | None:
+    """The daemon's /metrics text, or None without an answer."""
     try:
         with httpx.Client(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
-            return reader_restarts_in(client.get(url).text)
+            return client.get(url).text
     except httpx.HTTPError:
         return None
 
@@ -324,6 +339,32 @@ def reader_restarts_in(exposition: str) -> int:
             if math.isfinite(value) and value > 0:
                 total += value
     return int(min(total, 2**62))
+
+
+def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
+    """Each unit's running start in Prometheus text: {"started": Unix time, "serving": bool},
+    for the units whose start the daemon read (a start of 0 is none running, or not seen)."""
+    starts: dict[str, float] = {}
+    serving: dict[str, bool] = {}
+    for line in exposition.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or match.group(1) not in (RUNNING_START, RUNNING_SERVING):
+            continue
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if not math.isfinite(value) or value <= 0:
+            continue
+        unit = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), match[2])
+        if match.group(1) == RUNNING_START:
+            starts[unit] = value
+        else:
+            serving[unit] = True
+    return {
+        unit: {"started": started, "serving": serving.get(unit, False)}
+        for unit, started in starts.items()
+    }
 
 
 def render_text(status: Status) -> str:
@@ -376,9 +417,22 @@ def _render_unit(unit: UnitStatus) -> list[str]:
             f"    last:      {item['time']}  {item['severity']!s:9} "
             f"{item['signature'] or '-'}  → {item['action']} ({item['rule']}, {item['taken']})"
         )
+    if unit.running:
+        lines.append(f"    running:   {_running_words(unit.running)}")
     if unit.drift:
         lines.append(f"    changed:   {'; '.join(unit.drift)}")
     return lines
+
+
+def _running_words(running: dict[str, Any], now: float | None = None) -> str:
+    """ "started <UTC time> (<age> ago), serving" or "..., not serving yet"."""
+    started = float(running["started"])
+    age = max(0, int((time.time() if now is None else now) - started))
+    when = datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds")
+    hours, minutes = divmod(age // 60, 60)
+    ago = f"{hours} h {minutes} min" if hours else f"{minutes} min"
+    state = "serving" if running.get("serving") else "not serving yet"
+    return f"started {when} ({ago} ago), {state}"
 
 
 def _render_daemon(daemon: DaemonStatus) -> list[str]:

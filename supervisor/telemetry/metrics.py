@@ -206,6 +206,17 @@ class Metrics:
         self._halted = self._gauge(
             "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
         )
+        self._start = self._gauge(
+            "unit_start_timestamp_seconds",
+            "Unix time PID 1 started the unit's running invocation; 0 while none runs or its "
+            "start was not read (the daemon came up after it).",
+            ["unit"],
+        )
+        self._serving = self._gauge(
+            "unit_serving",
+            "1 once the unit's running invocation printed its engine's serving line, else 0.",
+            ["unit"],
+        )
         self._hung = self._counter(
             "hung_engines_total",
             "Invocations closed as hung (engine dead, unit still active), by the action taken.",
@@ -306,6 +317,8 @@ class Metrics:
             return
         self._suppressed.labels(unit)
         self._halted.labels(unit).set(0)
+        self._start.labels(unit).set(0)
+        self._serving.labels(unit).set(0)
         for reason in HALT_REASONS:
             self._halts.labels(unit, reason)
         for reason in HALT_FAILED_REASONS:
@@ -434,6 +447,14 @@ class Metrics:
             self._halted.labels(unit).set(1 if unit in quarantined else 0)
         for unit in quarantined - self._units:
             self.units_halted(unit, True)
+
+    def running_starts(self, starts: Mapping[str, tuple[int | None, int | None]]) -> None:
+        """Set `unit_start_timestamp_seconds` and `unit_serving` of every known unit from the
+        tracker's (started, served) of its running invocation, in microseconds."""
+        for unit in self._units - {UNKNOWN}:
+            started, served = starts.get(unit, (None, None))
+            self._start.labels(unit).set(started / 1e6 if started else 0)
+            self._serving.labels(unit).set(1 if served is not None else 0)
 
     def lines_suppressed(self, unit: str | None, count: int) -> None:
         """Count lines journald dropped from a unit (its rate limit)."""

@@ -171,6 +171,18 @@ class InvocationTracker:
                     return run.build(Ending.OPEN)
         return None
 
+    def running_starts(self) -> dict[str, tuple[int | None, int | None]]:
+        """(started, served) of each unit's running invocation, realtime microseconds; a unit
+        with none running is absent. `started` is None unless PID 1's start of it was read:
+        its first line read is not its start after a daemon restart at the tail or a vacuumed
+        start."""
+        starts: dict[str, tuple[int | None, int | None]] = {}
+        for (_, unit), runs in self._units.items():
+            run = runs.newest_running()
+            if unit is not None and run is not None and unit not in starts:
+                starts[unit] = (run.started_us if run.start_seen else None), run.served_us
+        return starts
+
     def has_seen(self, unit: str | None, invocation_id: str) -> bool:
         """True once an entry of that invocation of `unit` was read (on any host)."""
         return any(

