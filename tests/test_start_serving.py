@@ -25,7 +25,13 @@ from test_metrics import parse, value
 from test_status import free_port
 from test_status_reader import status
 
-from vllm_supervisor.commands.status import unit_starts_in
+from vllm_supervisor.commands.status import (
+    DaemonStatus,
+    Status,
+    UnitStatus,
+    render_text,
+    unit_starts_in,
+)
 from vllm_supervisor.journal.writer import (
     JournalWriter,
     exit_entries,
@@ -154,7 +160,9 @@ UNIT_NAMES = st.from_regex(r"[a-zA-Z0-9:_.@\\-]{1,40}\.service", fullmatch=True)
 @given(
     starts=st.dictionaries(
         UNIT_NAMES,
-        st.tuples(st.integers(1, 2**62) | st.none(), st.integers(0, 2**62) | st.none()),
+        st.tuples(
+            st.integers(1, 253402300799 * 10**6) | st.none(), st.integers(0, 2**62) | st.none()
+        ),
         max_size=5,
     )
 )
@@ -177,13 +185,20 @@ def test_status_reads_back_every_start_the_metrics_expose(
 
 
 @given(st.text() | st.lists(st.sampled_from([START, SERVING, "{", '"', "} ", "\\", "\n",
-                                              'unit="', "1", "-1", "nan", "+Inf", "1e308"]))
+                                              'unit="', "1", "-1", "nan", "+Inf", "1e308",
+                                              "253402300799.9", "1e-300"]))
        .map("".join))  # fmt: skip
 def test_any_answer_on_the_metrics_port_reads_as_starts_or_none(text: str) -> None:
     """Whatever answers on the port (another program, a truncated body): no crash, and only
     finite positive start times."""
-    for unit, running in unit_starts_in(text).items():
+    starts = unit_starts_in(text)
+    for unit, running in starts.items():
         assert isinstance(unit, str)
-        assert running["started"] > 0
-        assert running["started"] < float("inf")
+        assert 0 < running["started"] < 253402300800
         assert isinstance(running["serving"], bool)
+        assert "running:   started " in render_text(
+            Status(
+                units=(UnitStatus(unit=unit, systemd=None, running=running),),
+                daemon=DaemonStatus(running=True, starts=starts),
+            )
+        )

@@ -54,6 +54,7 @@ READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
 RUNNING_START = "vllm_supervisor_unit_start_timestamp_seconds"
 RUNNING_SERVING = "vllm_supervisor_unit_serving"
 _SAMPLE = re.compile(r'^(\w+)\{unit="((?:[^"\\]|\\.)*)"\} (\S+)$')
+_LAST_TIMESTAMP = 253402300800.0  # 10000-01-01: datetime's end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,7 +355,7 @@ def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
             value = float(match.group(3))
         except ValueError:
             continue
-        if not math.isfinite(value) or value <= 0:
+        if not 0 < value < _LAST_TIMESTAMP:  # 0: none running; NaN, inf, past 9999: not a time
             continue
         unit = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), match[2])
         if match.group(1) == RUNNING_START:
@@ -425,7 +426,7 @@ def _render_unit(unit: UnitStatus) -> list[str]:
 
 
 def _running_words(running: dict[str, Any], now: float | None = None) -> str:
-    """ "started <UTC time> (<age> ago), serving" or "..., not serving yet"."""
+    """The running line: its start in UTC, how long ago, and whether it serves yet."""
     started = float(running["started"])
     age = max(0, int((time.time() if now is None else now) - started))
     when = datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds")
