@@ -21,12 +21,16 @@ from urllib.parse import urlsplit
 
 from .engines.profiles import current
 from .errors import ConfigError
+from .util.text import visible
 from .util.urls import url_problem
 
 DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
 WEBHOOK_ENV = "VLLM_SUPERVISOR_SLACK_WEBHOOK_URL"
 WEBHOOK_CREDENTIAL = "slack-webhook"
+# Every float setting is a duration in seconds. One past a year is a typo, and a larger one
+# (or an infinity, a NaN) overflows where it becomes microseconds or a socket timeout.
+MAX_SECONDS = 365 * 24 * 3600
 
 # systemd's longest unit name (UNIT_NAME_MAX is 256 with the NUL); the reader child, which
 # takes the names on its stdin, refuses one over 4 KiB and would be restarted forever.
@@ -461,7 +465,7 @@ def _build(cls: type[Any], raw: Any, prefix: str) -> Any:
         name = aliases.get(key, key)
         if name not in known:
             choices = ", ".join(sorted(known))
-            raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {choices})")
+            raise ConfigError(f"{prefix}{visible(key)}: unknown key (expected one of: {choices})")
         kwargs[name] = _convert(hints[name], value, f"{prefix}{key}")
     try:
         return cls(**kwargs)
@@ -484,14 +488,36 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list (got {type(value).__name__})")
         return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
     if hint is Path:
-        return Path(_expect(str, value, key))
+        return Path(_text(value, key))
     if hint is Secret:
-        return Secret(_expect(str, value, key))
+        if not isinstance(value, str):  # a URL in a list or a table would show in the line
+            raise ConfigError(f"{key}: expected str (got {type(value).__name__}, not shown)")
+        return Secret(_text(value, key))
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number (got {value!r})")
-        return float(value)
+        return _seconds(value, key)
+    if hint is str:
+        return _text(value, key)
     return _expect(hint, value, key)
+
+
+def _seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: expected a number (got {value!r})")
+    # Compared before float(): an integer of 400 digits does not convert.
+    if not -MAX_SECONDS <= value <= MAX_SECONDS:  # False for NaN too
+        raise ConfigError(
+            f"{key}: expected a number of seconds between -{MAX_SECONDS} and {MAX_SECONDS}"
+            f" (a year; got {value!r})"
+        )
+    return float(value)
+
+
+def _text(value: Any, key: str) -> str:
+    """A string a path, a URL or a name can be made of: a NUL byte fails every system call."""
+    text: str = _expect(str, value, key)
+    if "\x00" in text:
+        raise ConfigError(f"{key}: contains a NUL byte (\\u0000), which no path or name may hold")
+    return text
 
 
 def _expect(kind: type[Any], value: Any, key: str) -> Any:
