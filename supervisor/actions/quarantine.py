@@ -36,7 +36,8 @@ _SAFE = "@:_-."
 
 def record_name(unit: str) -> str:
     """A file name for `unit` that is reversible and safe for any unit name."""
-    name = quote(unit, safe=_SAFE)
+    # surrogateescape: a unit named on the command line may hold bytes that are not UTF-8.
+    name = quote(unit, safe=_SAFE, errors="surrogateescape")
     if name.startswith("."):
         # Never ".", ".." or a hidden name (temp files are hidden).
         name = "%2E" + name[1:]
@@ -45,7 +46,7 @@ def record_name(unit: str) -> str:
 
 def unit_from_name(name: str) -> str:
     """The unit a record file name stands for (inverse of `record_name`)."""
-    return unquote(name.removesuffix(SUFFIX))
+    return unquote(name.removesuffix(SUFFIX), errors="surrogateescape")
 
 
 class Quarantine:
