@@ -22,6 +22,7 @@ import structlog
 
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
 from ..util.files import fsync_directory, make_dirs
+from ..util.jsontext import loads
 
 _log = structlog.get_logger(__name__)
 
@@ -146,7 +147,7 @@ class Quarantine:
 
 def _parse(unit: str, path: Path, text: str) -> dict[str, Any]:
     try:
-        record = json.loads(text)
+        record = loads(text)
     except ValueError as exc:
         error = f"not valid JSON: {exc}"
     else:

@@ -8,6 +8,7 @@ import sqlite3
 from typing import ClassVar
 
 from ..store import Store
+from ..util.jsontext import loads
 from .snapshot import Change, EnvSnapshot, diff
 
 
@@ -127,7 +128,7 @@ class EnvironmentLog:
         pair = self.store.read(lambda db: EnvironmentTable(db).with_baseline(unit, invocation_id))
         if pair is None:
             return []
-        base, this = (EnvSnapshot.from_json(json.loads(text)) for text in pair)
+        base, this = (EnvSnapshot.from_json(loads(text)) for text in pair)
         return diff(base, this)
 
 
@@ -136,7 +137,7 @@ def _dump(snapshot: EnvSnapshot) -> str:
 
 
 def _load(text: str | None) -> EnvSnapshot | None:
-    return None if text is None else EnvSnapshot.from_json(json.loads(text))
+    return None if text is None else EnvSnapshot.from_json(loads(text))
 
 
 # Keep a unit's newest `keep` rows and its newest good row; delete the rest.

@@ -23,6 +23,7 @@ from ..errors import StateError
 from ..model import Outcome
 from ..state.tables import History
 from ..store import Store
+from ..util.jsontext import loads
 from .decision import Group, dedupe_key, group_key
 
 MemberKey = tuple[str, str]  # (unit or "", dedupe key): one crash in outbox_member
@@ -58,7 +59,7 @@ class OutboxTable:
         ).fetchall()
         for message_id, payload in rows:
             try:
-                marked = dump(resent(json.loads(payload)))
+                marked = dump(resent(loads(payload)))
             except ValueError:
                 marked = payload  # unrenderable: the delivery loop drops it with one line
             db.execute(

@@ -16,6 +16,7 @@ import structlog
 
 from ..model import Ended, Outcome
 from ..records import Pending, ended_record, outcome_record, pending_from_record
+from ..util.jsontext import loads
 
 _log = structlog.get_logger(__name__)
 
@@ -116,7 +117,7 @@ class History:
             ).fetchone()
             if row is None:
                 continue
-            outcome = json.loads(row[1])
+            outcome = loads(row[1])
             notes = outcome.setdefault("verdict", {}).setdefault("notes", [])
             if note not in notes:
                 notes.append(note)
@@ -180,7 +181,7 @@ class PendingActions:
         unreadable = []
         for unit, name, text in rows:
             try:
-                outcomes.append(pending_from_record(json.loads(text)))
+                outcomes.append(pending_from_record(loads(text)))
             except (ValueError, KeyError, TypeError) as exc:
                 unreadable.append(f"{unit} {name}: {type(exc).__name__}: {exc}")
         return outcomes, unreadable
@@ -200,8 +201,8 @@ def json_object(text: object) -> dict[str, Any] | str:
     if not isinstance(text, str):
         return f"expected JSON text, got {type(text).__name__}"
     try:
-        value = json.loads(text)
-    except ValueError as exc:  # RecursionError too deep to matter: JSON we wrote is shallow
+        value = loads(text)
+    except ValueError as exc:
         return f"not JSON: {exc}"
     if not isinstance(value, dict):
         return f"expected a JSON object, got {type(value).__name__}"
