@@ -219,7 +219,10 @@ class Lexicon:
             m = entry.pattern.search(text)
             if m is None or m.group("unit") != m.group("wanted_unit"):
                 continue  # numbers in two units say nothing to each other
-            free, total, wanted = (float(m.group(g)) for g in _CAPACITY_GROUPS)
+            try:
+                free, total, wanted = (float(m.group(g)) for g in _CAPACITY_GROUPS)
+            except ValueError:
+                continue  # a pattern that caught words, not numbers: they say nothing
             unit = m.group("unit")
             if wanted > total:
                 said = f"{wanted:g} {unit} wanted, {total:g} {unit} in all"
