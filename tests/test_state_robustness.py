@@ -28,12 +28,16 @@ from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.config import AlertmanagerConfig, Config, load_config
+from vllm_supervisor.environment.log import EnvironmentLog
+from vllm_supervisor.errors import StateError
+from vllm_supervisor.journal.writer import crashed_invocation
 from vllm_supervisor.notify.alertmanager import AlertmanagerSink
 from vllm_supervisor.notify.level import LevelLoop
 from vllm_supervisor.store import DATABASE_NAME, Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
 UNIT = "vllm.service"
+CRASH = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
@@ -169,3 +173,55 @@ def test_any_rows_let_the_daemon_start_and_the_commands_answer(rows: dict[str, A
             assert cli.UNEXPECTED not in output, (argv, output)
             assert "Traceback" not in output, (argv, output)
             assert code in (0, 1, 3), (argv, code, output)
+
+
+CRASH_ID = "c" * 32
+SNAPSHOT = json.dumps({"python": "3.11.7", "packages": {"torch": "2.5.0"}})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=SQL_VALUE | st.just(SNAPSHOT), this=SQL_VALUE | st.just(SNAPSHOT))
+@example(base='{"packages": []}', this=SNAPSHOT)
+@example(base=SNAPSHOT, this="[]")
+def test_any_environment_rows_leave_triage_and_preflight_answering(base: Any, this: Any) -> None:
+    """The environments the daemon recorded are read back to report drift: a row that is not
+    a snapshot leaves drift out; `triage` still reports the crash."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config_path = _config_file(root)
+        state = root / "state"
+        Store.in_directory(state).close()
+        db = sqlite3.connect(state / DATABASE_NAME, isolation_level=None)
+        db.executemany(
+            "INSERT INTO environment_log (unit, invocation_id, started, snapshot, good)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(UNIT, "b" * 32, 1.0, base, 1), (UNIT, CRASH_ID, 2.0, this, 0)],
+        )
+        db.close()
+        journal = root / "journal.json"
+        journal.write_text(
+            "".join(
+                json.dumps({"__CURSOR": f"c{i}", "__REALTIME_TIMESTAMP": str(i + 1)} | fields)
+                + "\n"
+                for i, fields in enumerate(
+                    {k: str(v) for k, v in entry.items()}
+                    for entry in crashed_invocation(UNIT, [CRASH], invocation_id=CRASH_ID)
+                )
+            ),
+            encoding="utf-8",
+        )
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = cli.main(
+                ["triage", str(journal), "--config", str(config_path), "--format", "json"]
+            )
+        assert cli.UNEXPECTED not in err.getvalue(), err.getvalue()
+        assert code == 0, err.getvalue()
+        assert len(json.loads(out.getvalue())["invocations"]) == 1
+        store = Store.in_directory(state)
+        try:
+            EnvironmentLog(store).last_good(UNIT)
+        except StateError:
+            pass
+        finally:
+            store.close()
