@@ -15,11 +15,17 @@ import io
 import json
 import sqlite3
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+from conftest import poll
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from notify_fakes import slack_outbox
+from slack_server import SlackServer
 
 from vllm_supervisor import cli
 from vllm_supervisor.actions.actor import Actor
@@ -27,12 +33,13 @@ from vllm_supervisor.actions.halt import Halter
 from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
-from vllm_supervisor.config import AlertmanagerConfig, Config, load_config
+from vllm_supervisor.config import AlertmanagerConfig, Config, Secret, SlackConfig, load_config
 from vllm_supervisor.environment.log import EnvironmentLog
 from vllm_supervisor.errors import StateError
 from vllm_supervisor.journal.writer import crashed_invocation
 from vllm_supervisor.notify.alertmanager import AlertmanagerSink
 from vllm_supervisor.notify.level import LevelLoop
+from vllm_supervisor.notify.webhook import SlackWebhook
 from vllm_supervisor.store import DATABASE_NAME, Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
@@ -225,3 +232,85 @@ def test_any_environment_rows_leave_triage_and_preflight_answering(base: Any, th
             pass
         finally:
             store.close()
+
+
+GOOD_PAYLOAD = json.dumps({"text": "the good one"})
+
+
+@pytest.fixture(name="slack_server", scope="module")
+def _slack_server() -> Iterator[SlackServer]:
+    server = SlackServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(
+        st.tuples(
+            SQL_VALUE | st.sampled_from([-1.0, 0.0]),
+            SQL_VALUE | st.sampled_from([0, 3]),
+            SQL_VALUE | st.just(GOOD_PAYLOAD),
+            st.sampled_from(["pending", "sending"]),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
+@example(rows=[("soon", 0, GOOD_PAYLOAD, "pending")])
+@example(rows=[(-1.0, "x", GOOD_PAYLOAD, "pending")])
+@example(rows=[(-1.0, 0, "7", "pending")])
+@example(rows=[(-1.0, 0, "[]", "sending")])
+@example(rows=[("", 2**63 - 1, "{}", "pending")])
+def test_any_outbox_rows_leave_the_next_message_delivered(
+    slack_server: SlackServer, rows: list[tuple[Any, Any, Any, str]]
+) -> None:
+    """Messages queued behind the outbox's back, of any shape: the delivery loop goes on and
+    the message queued after them is posted."""
+    slack_server.requests.clear()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store.in_directory(Path(tmp))
+        now = time.time()  # older messages are pruned before anything is sent
+        store.write_blocking(
+            lambda db: db.executemany(
+                "INSERT INTO outbox (created, due, attempts, state, payload)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(now, due, attempts, state, payload) for due, attempts, payload, state in rows]
+                + [(now, 0.0, 0, "pending", GOOD_PAYLOAD)],
+            )
+        )
+        try:
+            asyncio.run(_deliver_until_the_good_one(store, slack_server))
+        finally:
+            store.close()
+
+
+def _all_looked_at(store: Store, server: SlackServer) -> bool:
+    """The good message was posted, and every message due by now was tried at least once."""
+    untried = store.query(
+        "SELECT count(*) FROM outbox WHERE state IN ('pending', 'sending') AND last_error IS NULL"
+        " AND NOT (typeof(due) IN ('integer', 'real') AND due > ?)",
+        (time.time(),),
+    )[0][0]
+    posted = any(r.json() == json.loads(GOOD_PAYLOAD) for r in list(server.requests))
+    return posted and untried == 0
+
+
+async def _deliver_until_the_good_one(store: Store, server: SlackServer) -> None:
+    outbox = slack_outbox(
+        store,
+        SlackWebhook(Secret(server.url), timeout_s=2),
+        Metrics(new_registry(process=False)),
+        SlackConfig(min_interval_s=0.0, backoff_max_s=0.1),
+        host="h",
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(outbox.run(stop))
+    try:
+        await poll(lambda: task.done() or _all_looked_at(store, server), within=20)
+        assert not task.done(), task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await outbox.sink.aclose()

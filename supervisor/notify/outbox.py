@@ -319,7 +319,7 @@ class Outbox:
 
     async def _attempt(self, payload: str, attempts: int) -> Result:
         """One send of a stored payload, however the sink fails, as a `Result`."""
-        timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2**attempts)
+        timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2 ** min(attempts, 8))
         try:
             body = loads(payload)
         except ValueError:
