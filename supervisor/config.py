@@ -284,6 +284,8 @@ def load_config(path: Path | None) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}{_quoted_line(text, exc)}") from exc
+    except RecursionError as exc:  # tomllib's answer to arrays or tables nested thousands deep
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from exc
     try:
         config = _build(Config, raw, "")
     except ConfigError as exc:
@@ -407,6 +409,10 @@ def resolve_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ
         return Secret(path.read_text(encoding="utf-8").strip())
     except OSError as exc:
         raise ConfigError(f"slack.webhook_url_file: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:  # `from None`: the error holds the file's bytes, the secret
+        raise ConfigError(
+            f"slack.webhook_url_file: {path} is not UTF-8 text (value not shown)"
+        ) from None
 
 
 def webhook_source(config: SlackConfig, environ: Mapping[str, str] = os.environ) -> str:

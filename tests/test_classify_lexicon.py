@@ -415,3 +415,10 @@ def test_any_lexicon_document_loads_or_is_one_line(document: dict[str, object]) 
     except ConfigError as exc:
         assert str(exc).startswith("lexicon.toml: "), exc
         assert "\n" not in str(exc), exc
+
+
+def test_a_lexicon_nested_too_deeply_is_one_line() -> None:
+    """tomllib raises RecursionError on arrays nested thousands deep: one ConfigError line."""
+    with pytest.raises(ConfigError) as caught:
+        parse_lexicon("x = " + "[" * 3000 + "]" * 3000 + "\n", Path("lexicon.toml"))
+    assert str(caught.value).startswith("lexicon.toml: invalid TOML")

@@ -45,6 +45,7 @@ SECTIONS = {
 }
 UNIT_KEYS = [f.name for f in dataclasses.fields(Config().unit(UNIT))]
 CRASH = "RuntimeError: CUDA error: an illegal memory access was encountered"
+DEEP = "[" * 3000 + "]" * 3000  # past tomllib's recursion limit: RecursionError, not its error
 
 
 def toml_scalar() -> st.SearchStrategy[str]:
@@ -60,6 +61,7 @@ def toml_scalar() -> st.SearchStrategy[str]:
             lambda s: f'"{s}"'
         ),
         st.sampled_from(["1979-05-27T07:32:00Z", "1979-05-27", "07:32:00"]),
+        st.just(DEEP),
     )
 
 
@@ -131,6 +133,7 @@ def _gate(root: Path, path: Path) -> tuple[int, str]:
 @example(text="[gate]\nwait_s = nan\n")
 @example(text=f"[tracker]\nsettle_s = {'9' * 400}\n")
 @example(text='[state]\nstate_dir = "/tmp/x\\u0000y"\n')
+@example(text=f"[gate]\nwait_s = {DEEP}\n")
 def test_any_config_loads_into_a_usable_one_or_is_one_line(text: str) -> None:
     """A ConfigError of one line that names the file, or a config whose values the pipeline
     runs with (no overflow, no NaN, no NUL reaching a system call)."""
@@ -152,6 +155,7 @@ def test_any_config_loads_into_a_usable_one_or_is_one_line(text: str) -> None:
 @example(text='[state]\nstate_dir = "/tmp/x\\u0000y"\n')
 @example(text='[state]\nruntime_dir = "/tmp/x\\u0000y"\n')
 @example(text="[gate]\nwait_s = inf\n")
+@example(text=f"x = {DEEP}\n")
 def test_the_gate_lets_the_start_through_whatever_the_config(text: str) -> None:
     """With no quarantine record, the gate's answer is 0 for any config, never a fault."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,3 +190,17 @@ def test_a_webhook_url_of_the_wrong_type_is_not_shown(tmp_path: Path) -> None:
         assert "XXXXXXXX" not in str(exc)
     else:
         raise AssertionError("a list was taken for a webhook URL")
+
+
+def test_a_webhook_url_file_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    """`check-config` reads the webhook file as the daemon will: bytes that are not UTF-8 are
+    one line naming the key and the file."""
+    hook = tmp_path / "slack-webhook"
+    hook.write_bytes(b"\xff\xfehttps://hooks.slack.com/services/T/B/X")
+    path = _config_file(tmp_path, f'[slack]\nwebhook_url_file = "{hook}"\n')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = cli.main(["check-config", str(path)])
+    assert code == 2, err.getvalue()
+    assert cli.UNEXPECTED not in err.getvalue(), err.getvalue()
+    assert "slack.webhook_url_file" in err.getvalue() and str(hook) in err.getvalue()

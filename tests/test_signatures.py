@@ -523,3 +523,11 @@ def test_any_signature_file_loads_and_classifies_or_is_one_line(
     else:
         assert code == 0, err.getvalue()
         assert json.loads(out.getvalue())["invocations"], "the crash was not classified"
+
+
+def test_a_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    """tomllib raises RecursionError on arrays nested thousands deep: one line, not a crash."""
+    path = _write(tmp_path, "deep.toml", "x = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(SignatureTableError) as caught:
+        parse_table_file(path, compile_pattern)
+    assert str(caught.value).startswith(f"{path}: invalid TOML")

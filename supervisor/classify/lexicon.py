@@ -446,7 +446,7 @@ def parse_lexicon(text: str, path: Path) -> Lexicon:
     """Validate the lexicon file's text; raise ConfigError naming file, entry and field."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # the latter: nested too deeply
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     extra = sorted(set(data) - set(_TABLES))
     if extra:

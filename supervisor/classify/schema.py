@@ -288,7 +288,7 @@ def parse_table_bytes(
         data = tomllib.loads(text)
     except UnicodeDecodeError as exc:
         raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # the latter: nested too deeply
         raise SignatureTableError(f"{path}: invalid TOML: {exc}") from exc
     extra = sorted(set(data) - {"signature"})
     if extra:
