@@ -32,6 +32,10 @@ WEBHOOK_CREDENTIAL = "slack-webhook"
 # (or an infinity, a NaN) overflows where it becomes microseconds or a socket timeout.
 MAX_SECONDS = 365 * 24 * 3600
 
+# The reader child cuts each field at 4 bytes a character (its --data-threshold, a C long); a
+# line of 16 Mi characters is far past journald's LineMax= and still fits.
+MAX_LINE_CHARS = 1 << 24
+
 # systemd's longest unit name (UNIT_NAME_MAX is 256 with the NUL); the reader child, which
 # takes the names on its stdin, refuses one over 4 KiB and would be restarted forever.
 UNIT_NAME_MAX = 255
@@ -357,6 +361,11 @@ def validate(config: Config) -> Config:
         "cause_window_s",
     ):
         _positive(f"tracker.{key}", getattr(config.tracker, key))
+    if config.tracker.max_line_chars > MAX_LINE_CHARS:
+        raise ConfigError(
+            f"tracker.max_line_chars: must be at most {MAX_LINE_CHARS}"
+            f" (got {config.tracker.max_line_chars})"
+        )
     for key in ("settle_s", "settle_after_start_s", "drain_max_s"):
         if getattr(config.tracker, key) < 0:
             raise ConfigError(f"tracker.{key}: must be >= 0 (got {getattr(config.tracker, key)})")
