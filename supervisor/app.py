@@ -202,7 +202,7 @@ async def _run(
     def before_scrape() -> None:
         installed.wake()  # units configured by a reload are asked about
         refresh_halted()
-        metrics.running_starts(daemon.pipeline.tracker.running_starts())
+        metrics.running_starts(daemon.pipeline.tracker.running_starts(daemon.machine_id))
 
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)

@@ -38,7 +38,9 @@ from vllm_supervisor.journal.writer import (
     service_lines,
     start_entries,
 )
+from vllm_supervisor.model import JournalEntry, LifecycleEvent
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
+from vllm_supervisor.track.tracker import InvocationTracker
 
 START = "vllm_supervisor_unit_start_timestamp_seconds"
 SERVING = "vllm_supervisor_unit_serving"
@@ -202,3 +204,46 @@ def test_any_answer_on_the_metrics_port_reads_as_starts_or_none(text: str) -> No
                 daemon=DaemonStatus(running=True, starts=starts),
             )
         )
+
+
+def _pid1(n: int, host: str, inv: str, event: LifecycleEvent) -> JournalEntry:
+    return JournalEntry(
+        cursor=f"c{n}",
+        realtime_us=1_700_000_000_000_000 + n,
+        message=f"{event.name} {UNIT}",
+        unit=UNIT,
+        invocation_id=inv,
+        pid=1,
+        message_id=event.value,
+        from_pid1=True,
+        host=host,
+    )
+
+
+def _line(n: int, host: str, inv: str, text: str) -> JournalEntry:
+    return JournalEntry(
+        cursor=f"c{n}",
+        realtime_us=1_700_000_000_000_000 + n,
+        message=text,
+        unit=UNIT,
+        invocation_id=inv,
+        pid=5150,
+        host=host,
+    )
+
+
+def test_the_start_shown_is_this_machines_in_a_directory_of_several() -> None:
+    """A journal directory may hold several machines' journals: /metrics is about the machine
+    the daemon supervises, not whichever machine's run the tracker met first."""
+    tracker = InvocationTracker()
+    other, here = "a" * 32, "b" * 32
+    for entry in [
+        _pid1(0, other, "1" * 32, LifecycleEvent.STARTING),
+        _line(1, other, "1" * 32, LOADING[0]),
+        _pid1(2, here, "2" * 32, LifecycleEvent.STARTING),
+        _line(3, here, "2" * 32, LOADING[0]),
+        _line(4, here, "2" * 32, SERVING_LINE),
+    ]:
+        tracker.feed(entry)
+    assert tracker.running_starts(here) == {UNIT: (1_700_000_000_000_002, 1_700_000_000_000_004)}
+    assert tracker.running_starts(other) == {UNIT: (1_700_000_000_000_000, None)}

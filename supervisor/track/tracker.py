@@ -171,13 +171,15 @@ class InvocationTracker:
                     return run.build(Ending.OPEN)
         return None
 
-    def running_starts(self) -> dict[str, tuple[int | None, int | None]]:
-        """(started, served) of each unit's running invocation, realtime microseconds; a unit
-        with none running is absent. `started` is None unless PID 1's start of it was read:
-        its first line read is not its start after a daemon restart at the tail or a vacuumed
-        start."""
+    def running_starts(self, host: str = "") -> dict[str, tuple[int | None, int | None]]:
+        """(started, served) of each unit's running invocation on `host` (a machine id; "":
+        any), realtime microseconds; a unit with none running is absent. `started` is None
+        unless PID 1's start of it was read: its first line read is not its start after a
+        daemon restart at the tail or a vacuumed start."""
         starts: dict[str, tuple[int | None, int | None]] = {}
-        for (_, unit), runs in self._units.items():
+        for (on, unit), runs in self._units.items():
+            if host and on and on != host:
+                continue  # another machine's journal in the same directory
             run = runs.newest_running()
             if unit is not None and run is not None and unit not in starts:
                 starts[unit] = (run.started_us if run.start_seen else None), run.served_us
