@@ -122,3 +122,42 @@ def test_whatever_the_unit_name_only_its_record_refuses(
         code = cli.main([*argv, "--", unit])
     assert code == (1 if held else 0), err.getvalue()
     assert cli.UNEXPECTED not in err.getvalue()
+
+
+class TestFaultsOfItsOwn:
+    """Whatever the gate itself gets wrong, its answer stays 0 or 1, never the last net's 2."""
+
+    def test_a_loader_fault_lets_the_start_through(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The config loader raising something other than ConfigError: start allowed."""
+
+        def broken(path: Path | None) -> None:
+            raise RuntimeError("a fault of the loader")
+
+        monkeypatch.setattr("vllm_supervisor.commands.gate.load_config", broken)
+        code, text = run_gate(tmp_path, "--config", str(write_config(tmp_path, "")))
+        assert code == 0, text
+        assert "does not load (RuntimeError('a fault of the loader'); please report it)" in text
+
+    @pytest.mark.parametrize("held", [True, False])
+    def test_a_fault_reading_the_records_refuses_only_on_a_record(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
+    ) -> None:
+        """Reading a record raising something unforeseen: refused while its file is there,
+        allowed once it is gone; said in words either way."""
+        records = Quarantine(tmp_path / "run" / "quarantine")
+        records.write(UNIT, {"signature": "sig"})
+        if not held:
+            records.release(UNIT)
+
+        def broken(self: Quarantine, unit: str) -> None:
+            raise RuntimeError("a fault of the reader")
+
+        monkeypatch.setattr(Quarantine, "read", broken)
+        code, text = run_gate(tmp_path)
+        assert code == (1 if held else 0), text
+        assert cli.UNEXPECTED not in text
+        if held:
+            assert "the gate failed reading the records" in text
+            assert f"start refused, quarantined: a record is at {records.path(UNIT)}" in text
