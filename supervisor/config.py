@@ -21,12 +21,20 @@ from urllib.parse import urlsplit
 
 from .engines.profiles import current
 from .errors import ConfigError
+from .util.text import visible
 from .util.urls import url_problem
 
 DEFAULT_RUNTIME_DIR = Path("/run/vllm-supervisor")
 DEFAULT_STATE_DIR = Path("/var/lib/vllm-supervisor")
 WEBHOOK_ENV = "VLLM_SUPERVISOR_SLACK_WEBHOOK_URL"
 WEBHOOK_CREDENTIAL = "slack-webhook"
+# Every float setting is a duration in seconds. One past a year is a typo, and a larger one
+# (or an infinity, a NaN) overflows where it becomes microseconds or a socket timeout.
+MAX_SECONDS = 365 * 24 * 3600
+
+# The reader child cuts each field at 4 bytes a character (its --data-threshold, a C long); a
+# line of 16 Mi characters is far past journald's LineMax= and still fits.
+MAX_LINE_CHARS = 1 << 24
 
 # systemd's longest unit name (UNIT_NAME_MAX is 256 with the NUL); the reader child, which
 # takes the names on its stdin, refuses one over 4 KiB and would be restarted forever.
@@ -280,6 +288,8 @@ def load_config(path: Path | None) -> Config:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}{_quoted_line(text, exc)}") from exc
+    except RecursionError as exc:  # tomllib's answer to arrays or tables nested thousands deep
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from exc
     try:
         config = _build(Config, raw, "")
     except ConfigError as exc:
@@ -351,6 +361,11 @@ def validate(config: Config) -> Config:
         "cause_window_s",
     ):
         _positive(f"tracker.{key}", getattr(config.tracker, key))
+    if config.tracker.max_line_chars > MAX_LINE_CHARS:
+        raise ConfigError(
+            f"tracker.max_line_chars: must be at most {MAX_LINE_CHARS}"
+            f" (got {config.tracker.max_line_chars})"
+        )
     for key in ("settle_s", "settle_after_start_s", "drain_max_s"):
         if getattr(config.tracker, key) < 0:
             raise ConfigError(f"tracker.{key}: must be >= 0 (got {getattr(config.tracker, key)})")
@@ -403,6 +418,10 @@ def resolve_webhook(config: SlackConfig, environ: Mapping[str, str] = os.environ
         return Secret(path.read_text(encoding="utf-8").strip())
     except OSError as exc:
         raise ConfigError(f"slack.webhook_url_file: cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:  # `from None`: the error holds the file's bytes, the secret
+        raise ConfigError(
+            f"slack.webhook_url_file: {path} is not UTF-8 text (value not shown)"
+        ) from None
 
 
 def webhook_source(config: SlackConfig, environ: Mapping[str, str] = os.environ) -> str:
@@ -461,7 +480,7 @@ def _build(cls: type[Any], raw: Any, prefix: str) -> Any:
         name = aliases.get(key, key)
         if name not in known:
             choices = ", ".join(sorted(known))
-            raise ConfigError(f"{prefix}{key}: unknown key (expected one of: {choices})")
+            raise ConfigError(f"{prefix}{visible(key)}: unknown key (expected one of: {choices})")
         kwargs[name] = _convert(hints[name], value, f"{prefix}{key}")
     try:
         return cls(**kwargs)
@@ -484,14 +503,36 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a list (got {type(value).__name__})")
         return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
     if hint is Path:
-        return Path(_expect(str, value, key))
+        return Path(_text(value, key))
     if hint is Secret:
-        return Secret(_expect(str, value, key))
+        if not isinstance(value, str):  # a URL in a list or a table would show in the line
+            raise ConfigError(f"{key}: expected str (got {type(value).__name__}, not shown)")
+        return Secret(_text(value, key))
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number (got {value!r})")
-        return float(value)
+        return _seconds(value, key)
+    if hint is str:
+        return _text(value, key)
     return _expect(hint, value, key)
+
+
+def _seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: expected a number (got {value!r})")
+    # Compared before float(): an integer of 400 digits does not convert.
+    if not -MAX_SECONDS <= value <= MAX_SECONDS:  # False for NaN too
+        raise ConfigError(
+            f"{key}: expected a number of seconds between -{MAX_SECONDS} and {MAX_SECONDS}"
+            f" (a year; got {value!r})"
+        )
+    return float(value)
+
+
+def _text(value: Any, key: str) -> str:
+    """A string a path, a URL or a name can be made of: a NUL byte fails every system call."""
+    text: str = _expect(str, value, key)
+    if "\x00" in text:
+        raise ConfigError(f"{key}: contains a NUL byte (\\u0000), which no path or name may hold")
+    return text
 
 
 def _expect(kind: type[Any], value: Any, key: str) -> Any:

@@ -16,14 +16,21 @@ from typing import Any
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
+_FIELD_INT_LIMIT = 1 << 64
+
+
 def field_int(value: str | bytes | None) -> int | None:
-    """A journal field's number (EXIT_STATUS, _PID, ...); None when absent or not a number."""
+    """A journal field's number (EXIT_STATUS, _PID, ...); None when absent or not a number.
+
+    journald's numbers fit 64 bits: a longer one (a field a process sent, a journal file made
+    by hand) is not a number, or its microseconds would overflow every float made of them."""
     if value is None:
         return None
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         return None
+    return number if -_FIELD_INT_LIMIT < number < _FIELD_INT_LIMIT else None
 
 
 def _empty() -> Mapping[str, str]:

@@ -3,13 +3,15 @@ and what it reads in a crash's words, class, numbers and raise site."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from vllm_supervisor.classify.lexicon import (
+    _KEYS,
     DEFAULT_LEXICON_PATH,
     Lexicon,
     Reads,
@@ -325,3 +327,98 @@ class TestNumbersClassesSites:
         assert frame_parts('  File "/x/y.py", line 3, in f') == ("/x/y.py", "f")
         assert frame_parts('  File "/x/y.py", line 3 in f') == ("/x/y.py", "f")
         assert frame_parts("ValueError: x") is None
+
+
+_LEXICON_STRINGS = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            "deterministic",
+            "indeterminate",
+            "weak",
+            "strong",
+            "decisive",
+            "ValueError",
+            "x_1",
+            r"(?P<free>\S+)/(?P<total>\S+) (?P<wanted>\S+)",
+            r"(?P<free>.*)",
+            "(unclosed",
+            "a/b c",
+            "1e999/nan inf",
+            'File "/x/site-packages/vllm/a.py", line 1, in f',
+        ]
+    ),
+)
+_LEXICON_VALUES = st.one_of(
+    _LEXICON_STRINGS,
+    st.lists(_LEXICON_STRINGS, max_size=3),
+    st.integers(),
+    st.booleans(),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@st.composite
+def _lexicon_documents(draw: st.DrawFn) -> dict[str, object]:
+    """A parsed lexicon file: its tables, each entry of known (and some unknown) keys."""
+    document: dict[str, object] = {}
+    for table in draw(st.lists(st.sampled_from(sorted(_KEYS)), unique=True, max_size=2)):
+        keys = st.sampled_from(sorted(_KEYS[table])) | st.text(max_size=3)
+        entries = st.dictionaries(keys, _LEXICON_VALUES, max_size=6)
+        document[table] = draw(st.lists(entries, max_size=2) | _LEXICON_VALUES)
+    return document
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str | int):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    assert isinstance(value, dict)
+    return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+
+
+def _toml(document: dict[str, object]) -> str:
+    """The TOML text of a document (arrays of tables as [[table]] blocks)."""
+    parts = []
+    for table, entries in document.items():
+        if isinstance(entries, list) and entries and all(isinstance(e, dict) for e in entries):
+            for entry in entries:
+                assert isinstance(entry, dict)
+                body = "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in entry.items())
+                parts.append(f"[[{table}]]\n{body}")
+        else:
+            parts.insert(0, f"{table} = {_toml_value(entries)}\n")
+    return "".join(parts)
+
+
+@given(document=_lexicon_documents())
+@example(
+    document={
+        "capacity": [
+            {
+                "id": "c",
+                "why": "w",
+                "pattern": r"(?P<free>\S+)/(?P<total>\S+) (?P<unit>\S+) (?P<wanted>\S+)"
+                r" (?P<wanted_unit>\S+)",
+                "examples": ["a/b GiB c GiB"],
+            }
+        ]
+    }
+)
+def test_any_lexicon_document_loads_or_is_one_line(document: dict[str, object]) -> None:
+    """Whatever the file holds: a Lexicon, or one ConfigError line naming the file."""
+    try:
+        parse_lexicon(_toml(document), Path("lexicon.toml"))
+    except ConfigError as exc:
+        assert str(exc).startswith("lexicon.toml: "), exc
+        assert "\n" not in str(exc), exc
+
+
+def test_a_lexicon_nested_too_deeply_is_one_line() -> None:
+    """tomllib raises RecursionError on arrays nested thousands deep: one ConfigError line."""
+    with pytest.raises(ConfigError) as caught:
+        parse_lexicon("x = " + "[" * 3000 + "]" * 3000 + "\n", Path("lexicon.toml"))
+    assert str(caught.value).startswith("lexicon.toml: invalid TOML")

@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from vllm_supervisor.actions.quarantine import Quarantine, record_name, unit_from_name
 
@@ -33,6 +35,15 @@ class TestNames:
         """Every unit name maps to one plain, non-hidden file name that maps back to it."""
         name = record_name(unit)
         assert "/" not in name
+        assert not name.startswith(".")
+        assert unit_from_name(name) == unit
+
+    @given(unit=st.text(min_size=1, max_size=40))
+    @example(unit="\udcff.service")  # a non-UTF-8 byte of argv, as Python decodes it
+    def test_any_name_is_one_safe_reversible_file(self, unit: str) -> None:
+        """Any text (lone surrogates included: argv's undecodable bytes) names one file."""
+        name = record_name(unit)
+        assert "/" not in name and "\x00" not in name
         assert not name.startswith(".")
         assert unit_from_name(name) == unit
 

@@ -7,14 +7,18 @@ journal cannot be read, never a crash.
 
 from __future__ import annotations
 
+import dataclasses
 import select
 import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_supervisor.app import reader_settings
+from vllm_supervisor.config import load_config
+from vllm_supervisor.errors import ConfigError
 from vllm_supervisor.journal.reader import NATIVE_READER, ReaderSettings, native_argv, native_input
 from vllm_supervisor.journal.writer import JournalWriter, service_lines
 
@@ -178,3 +182,25 @@ def test_no_unit_list_on_stdin_crashes_it(
     child.stdin.close()
     assert child.wait(timeout=10) == 0
     assert answer == b"#%d\n" % (2**63 - 1)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(chars=st.integers(1, 2**70) | st.sampled_from([16384, 2**61, 2**62, 2**63]))
+def test_a_line_length_the_config_accepts_is_one_the_reader_takes(
+    tmp_path: Path, chars: int
+) -> None:
+    """`tracker.max_line_chars` becomes the child's --data-threshold: any value check-config
+    lets through must be one the child takes, or the daemon starts blind, restarting it."""
+    path = tmp_path / "supervisor.toml"
+    path.write_text(f"[tracker]\nmax_line_chars = {chars}\n", encoding="utf-8")
+    try:
+        config = load_config(path)
+    except ConfigError:
+        return
+    settings_ = dataclasses.replace(
+        reader_settings(config), directory=tmp_path / "no-journal", follow=False, units=()
+    )
+    result = run(*native_argv(settings_, None)[1:])
+    assert result.returncode != 2, result.stderr[-300:]

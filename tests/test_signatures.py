@@ -3,15 +3,18 @@ other signature) wins, and a broken table is refused with a message naming file,
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from vllm_supervisor import cli
 from vllm_supervisor.classify.schema import WrittenFrom, parse_table_file
 from vllm_supervisor.classify.signatures import (
     DEFAULT_SIGNATURE_DIR,
@@ -425,3 +428,106 @@ def test_any_written_from_loads_or_is_one_line_naming_the_field(tmp_path: Path, 
     assert spec.written_from
     for entry in spec.written_from:
         assert (entry.log is None) != (entry.upstream is None)
+
+
+_FIELD_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "patterns": st.lists(
+        st.sampled_from(
+            [r"boom (?P<what>\w+)", "boom", r"(?P<what>.*)", "(unclosed", "(?P<0>x)", "", "."]
+        )
+        | st.text(max_size=8),
+        max_size=3,
+    ),
+    "remediation": st.sampled_from(
+        [
+            "fix {what}",
+            "fix {what!r}",
+            "fix {what!z}",
+            "fix {what:d}",
+            "fix {what:>{what}}",
+            "fix {what.attr}",
+            "fix {what[0]}",
+            "fix {}",
+            "fix {0}",
+            "fix {",
+            "fix }",
+            "fix {{what}}",
+        ]
+    )
+    | st.text(max_size=12),
+    "severity": st.sampled_from(["fatal", "transient", "unknown", "FATAL", ""]),
+    "startup_severity": st.sampled_from(["fatal", "transient", "unknown", "x"]),
+    "serving_severity": st.sampled_from(["fatal", "transient", "unknown", "x"]),
+    "kind": st.sampled_from(["cause", "noise", "wrapper", "x"]),
+    "priority": st.integers() | st.sampled_from([2**63, -(2**63) - 1, 10**30]),
+    "wrapper": st.booleans(),
+    "frames": st.lists(
+        st.sampled_from([r"a\.py", "(x", "", r".*"]) | st.text(max_size=6), max_size=2
+    ),
+}
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    fields=st.fixed_dictionaries(
+        {
+            "id": st.just("gen") | _TOML_VALUES,
+            "title": st.just("Generated") | _TOML_VALUES,
+        },
+        optional={**_FIELD_VALUES, "other": _TOML_VALUES},
+    )
+)
+@example(
+    fields={
+        "id": "gen",
+        "title": "G",
+        "patterns": [r"boom (?P<what>\w+)"],
+        "remediation": "fix {what:d}",
+        "severity": "fatal",
+    }
+)
+@example(
+    fields={
+        "id": "gen",
+        "title": "G",
+        "patterns": [r"boom (?P<what>\w+)"],
+        "remediation": "fix {what!z}",
+        "severity": "fatal",
+    }
+)
+def test_any_signature_file_loads_and_classifies_or_is_one_line(
+    tmp_path: Path, fields: dict[str, Any]
+) -> None:
+    """Any [[signature]] entry: `triage` with it classifies a crash it matches, or the
+    command names the file in one line; never the last net's error."""
+    body = "[[signature]]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in fields.items())
+    signatures = _write(tmp_path, "gen.toml", body)
+    config = _write(
+        tmp_path,
+        "supervisor.toml",
+        f'[signatures]\npaths = ["{signatures}"]\n[systemd]\nenabled = false\n',
+    )
+    log = _write(tmp_path, "crash.log", "INFO starting\nRuntimeError: boom alpha\n")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["triage", str(log), "--config", str(config), "--format", "json"])
+    assert cli.UNEXPECTED not in err.getvalue(), err.getvalue()
+    assert "classification_failed" not in err.getvalue(), err.getvalue()
+    if code == 2:
+        assert err.getvalue().count("\n") == 1, err.getvalue()
+        assert str(signatures) in err.getvalue(), err.getvalue()
+    else:
+        assert code == 0, err.getvalue()
+        assert json.loads(out.getvalue())["invocations"], "the crash was not classified"
+
+
+def test_a_file_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    """tomllib raises RecursionError on arrays nested thousands deep: one line, not a crash."""
+    path = _write(tmp_path, "deep.toml", "x = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(SignatureTableError) as caught:
+        parse_table_file(path, compile_pattern)
+    assert str(caught.value).startswith(f"{path}: invalid TOML")

@@ -15,12 +15,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ..util.files import fsync_directory
+from ..util.jsontext import loads
 from .quarantine import Quarantine
 
 _AT_FDCWD = -100
@@ -52,7 +52,7 @@ def amend(
     if before is None:
         return False
     try:
-        record = json.loads(before)
+        record = loads(before)
     except ValueError:
         return False
     if not isinstance(record, dict) or record.get("invocation_id") != invocation_id:

@@ -28,6 +28,8 @@ from typing import Any
 
 import structlog
 
+from ..util.jsontext import loads
+
 log = structlog.get_logger(__name__)
 
 SOCKET_NAME = "gate.sock"
@@ -122,7 +124,7 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     if len(line) > MAX_REQUEST_BYTES:
         return None
     try:
-        request = json.loads(line)
+        request = loads(line)
     except ValueError:
         return None
     if not isinstance(request, dict) or request.get("op") not in ("gate", "released"):
@@ -164,7 +166,7 @@ def ask(path: Path, request: dict[str, Any], *, timeout_s: float) -> Reply:
     if not data:
         return Reply(False, {}, "the supervisor went away without answering", waited)
     try:
-        answer = json.loads(data)
+        answer = loads(data)
     except ValueError:
         return Reply(False, {}, "the supervisor's answer was not JSON", waited)
     if not isinstance(answer, dict):

@@ -22,6 +22,7 @@ import structlog
 
 from ..config import DEFAULT_RUNTIME_DIR, DEFAULT_STATE_DIR, Config
 from ..util.files import fsync_directory, make_dirs
+from ..util.jsontext import loads
 
 _log = structlog.get_logger(__name__)
 
@@ -36,7 +37,8 @@ _SAFE = "@:_-."
 
 def record_name(unit: str) -> str:
     """A file name for `unit` that is reversible and safe for any unit name."""
-    name = quote(unit, safe=_SAFE)
+    # surrogateescape: a unit named on the command line may hold bytes that are not UTF-8.
+    name = quote(unit, safe=_SAFE, errors="surrogateescape")
     if name.startswith("."):
         # Never ".", ".." or a hidden name (temp files are hidden).
         name = "%2E" + name[1:]
@@ -45,7 +47,7 @@ def record_name(unit: str) -> str:
 
 def unit_from_name(name: str) -> str:
     """The unit a record file name stands for (inverse of `record_name`)."""
-    return unquote(name.removesuffix(SUFFIX))
+    return unquote(name.removesuffix(SUFFIX), errors="surrogateescape")
 
 
 class Quarantine:
@@ -145,7 +147,7 @@ class Quarantine:
 
 def _parse(unit: str, path: Path, text: str) -> dict[str, Any]:
     try:
-        record = json.loads(text)
+        record = loads(text)
     except ValueError as exc:
         error = f"not valid JSON: {exc}"
     else:

@@ -120,16 +120,23 @@ class SystemdClient:
         if props.get("LoadState") == "not-found":
             raise SystemdError(f"{unit}: no such unit", reason="no_such_unit", retryable=False)
         service = await self._get_all(path, SERVICE_IFACE) if unit.endswith(".service") else {}
-        return UnitState(
-            active_state=str(props.get("ActiveState", "")),
-            sub_state=str(props.get("SubState", "")),
-            load_state=str(props.get("LoadState", "")),
-            invocation_id=bytes(props.get("InvocationID", b"")).hex(),
-            n_restarts=int(service.get("NRestarts", 0)),
-            result=str(service.get("Result", "")),
-            main_pid=int(service.get("MainPID", 0)),
-            gated=any(_is_our_gate(command[1]) for command in service.get("ExecCondition") or []),
-        )
+        try:
+            return UnitState(
+                active_state=str(props.get("ActiveState", "")),
+                sub_state=str(props.get("SubState", "")),
+                load_state=str(props.get("LoadState", "")),
+                invocation_id=bytes(props.get("InvocationID", b"")).hex(),
+                n_restarts=int(service.get("NRestarts", 0)),
+                result=str(service.get("Result", "")),
+                main_pid=int(service.get("MainPID", 0)),
+                gated=any(
+                    _is_our_gate(command[1]) for command in service.get("ExecCondition") or []
+                ),
+            )
+        except (TypeError, ValueError, IndexError, KeyError) as exc:  # not systemd's own types
+            raise SystemdError(
+                f"{unit}: unexpected property types: {exc}", reason="dbus_error", retryable=False
+            ) from exc
 
     async def unit_names(self, unit: str) -> tuple[str, tuple[str, ...]]:
         """The unit's real name (its Id: an alias answers with the unit it links to) and every

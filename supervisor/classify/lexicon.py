@@ -219,7 +219,10 @@ class Lexicon:
             m = entry.pattern.search(text)
             if m is None or m.group("unit") != m.group("wanted_unit"):
                 continue  # numbers in two units say nothing to each other
-            free, total, wanted = (float(m.group(g)) for g in _CAPACITY_GROUPS)
+            try:
+                free, total, wanted = (float(m.group(g)) for g in _CAPACITY_GROUPS)
+            except ValueError:
+                continue  # a pattern that caught words, not numbers: they say nothing
             unit = m.group("unit")
             if wanted > total:
                 said = f"{wanted:g} {unit} wanted, {total:g} {unit} in all"
@@ -443,7 +446,7 @@ def parse_lexicon(text: str, path: Path) -> Lexicon:
     """Validate the lexicon file's text; raise ConfigError naming file, entry and field."""
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # the latter: nested too deeply
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     extra = sorted(set(data) - set(_TABLES))
     if extra:

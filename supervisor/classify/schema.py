@@ -151,12 +151,21 @@ def _check_template(template: str, patterns: tuple[str, ...], where: _Where) -> 
     """Every `{name}` in the remediation must be a named group of some pattern."""
     defined = {name for p in patterns for name in _NAMED_GROUP.findall(p)}
     try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
     except ValueError as exc:
         raise where.error("remediation", f"bad template: {exc}") from exc
-    for name in fields:
-        if not name.isidentifier():
-            raise where.error("remediation", f"template field {{{name}}} must be a plain name")
+    for name, spec, conversion in fields:
+        # A conversion or format spec (`{x!z}`, `{x:d}`) fails only when a line is classified,
+        # and then the crash goes undecided: only a plain `{name}` renders every capture.
+        if not name.isidentifier() or spec or conversion:
+            field = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise where.error(
+                "remediation", f"template field {{{field}}} must be a plain name such as {{x}}"
+            )
         if name not in defined:
             known = ", ".join(sorted(defined)) or "none"
             raise where.error(
@@ -279,7 +288,7 @@ def parse_table_bytes(
         data = tomllib.loads(text)
     except UnicodeDecodeError as exc:
         raise SignatureTableError(f"{path}: cannot read: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # the latter: nested too deeply
         raise SignatureTableError(f"{path}: invalid TOML: {exc}") from exc
     extra = sorted(set(data) - {"signature"})
     if extra:

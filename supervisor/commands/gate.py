@@ -62,8 +62,9 @@ def main(args: argparse.Namespace) -> int:
     failed" to systemd): the gate then says so in one line and goes on."""
     try:
         config = load_config(config_path(args))
-    except SupervisorError as exc:
-        print(f"{args.unit}: the supervisor's config does not load ({exc})", file=sys.stderr)
+    except Exception as exc:  # a ConfigError, or a fault of the loader's own: never a refusal
+        why = str(exc) if isinstance(exc, SupervisorError) else f"{exc!r}; please report it"
+        print(f"{args.unit}: the supervisor's config does not load ({why})", file=sys.stderr)
         config = Config()
     state = config.state
     runtime_dir = state.runtime_dir
@@ -100,7 +101,7 @@ def gate_main(
     `supervisor_wait_s` bounds the wait for a supervisor that systemd is bringing back.
     """
     stream = out if out is not None else sys.stderr
-    refused = _check_records(unit, runtime_dir, state_dir, defaults, stream)
+    refused = _refused_by_records(unit, runtime_dir, state_dir, defaults, stream)
     if refused is not None:
         return refused
     waiting = _Waiting(wait_s, supervisor_wait_s, lambda: ask_about(supervisor_unit))
@@ -110,7 +111,7 @@ def gate_main(
         )
     except Exception as exc:  # the gate's own fault: never the reason a server stays down
         print(f"{unit}: start allowed: the gate failed ({exc!r}); please report it", file=stream)
-        return _check_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
+        return _refused_by_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
 
 
 class _Waiting:
@@ -206,6 +207,30 @@ def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -
             f"{wait_s:.0f} s ({reply.answer.get('waited', 'no reason given')})",
             file=stream,
         )
+
+
+def _refused_by_records(
+    unit: str, runtime_dir: Path, state_dir: Path, defaults: Sequence[Path], stream: TextIO
+) -> int | None:
+    """`_check_records`, for a gate that must answer 0 or 1: when reading the records fails
+    in a way of its own (its exit would be 2, a refusal with no record behind it), it refuses
+    only on a record file it sees."""
+    try:
+        return _check_records(unit, runtime_dir, state_dir, defaults, stream)
+    except Exception as exc:
+        print(
+            f"{unit}: the gate failed reading the records ({exc!r}); please report it", file=stream
+        )
+    for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
+        try:
+            path = Quarantine(directory).path(unit)
+            path.lstat()
+        except Exception:  # noqa: S112 - unseen: a record it cannot name refuses nothing
+            continue
+        print(f"{unit}: start refused, quarantined: a record is at {path}", file=stream)
+        print(f"release it with: vllm-supervisor release {unit}", file=stream)
+        return EXIT_QUARANTINED
+    return None
 
 
 def _check_records(

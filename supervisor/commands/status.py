@@ -36,6 +36,7 @@ from ..errors import SupervisorError, SystemdError
 from ..model import UnitState
 from ..store import Store
 from ..util.daemon_lock import LOCK_NAME, lock_holder
+from ..util.jsontext import loads
 from ..util.text import for_terminal, visible
 from .options import resolve_config
 
@@ -312,7 +313,7 @@ def ask_health(url: str) -> tuple[bool, dict[str, Any]] | str:
     try:
         with httpx.Client(timeout=HEALTH_TIMEOUT_S, trust_env=False) as client:
             response = client.get(url)
-        body = response.json()
+        body = loads(response.content)
     except (httpx.HTTPError, ValueError) as exc:
         return f"{url}: {type(exc).__name__}: {exc}"
     if not isinstance(body, dict):

@@ -78,6 +78,16 @@ class _Streak:
     ran_s: float | None = None  # the last crash's time from start to end, when known
 
 
+def _seconds_or_none(value: object) -> float | None:
+    """A saved duration read back: the state database is a file and may hold anything."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+
+
 class RestartPolicy:
     """Per-unit decisions with a memory of consecutive identical unknown crashes."""
 
@@ -89,7 +99,7 @@ class RestartPolicy:
                 self._streaks[unit] = _Streak(
                     value.get("fingerprint"),
                     count if isinstance(count, int) else 0,
-                    float(ran_s) if isinstance(ran_s, int | float) else None,
+                    _seconds_or_none(ran_s),
                 )
 
     def decide(

@@ -7,7 +7,9 @@ import json
 import sqlite3
 from typing import ClassVar
 
+from ..errors import StateError
 from ..store import Store
+from ..util.jsontext import loads
 from .snapshot import Change, EnvSnapshot, diff
 
 
@@ -127,7 +129,7 @@ class EnvironmentLog:
         pair = self.store.read(lambda db: EnvironmentTable(db).with_baseline(unit, invocation_id))
         if pair is None:
             return []
-        base, this = (EnvSnapshot.from_json(json.loads(text)) for text in pair)
+        base, this = (_snapshot(text) for text in pair)
         return diff(base, this)
 
 
@@ -136,7 +138,16 @@ def _dump(snapshot: EnvSnapshot) -> str:
 
 
 def _load(text: str | None) -> EnvSnapshot | None:
-    return None if text is None else EnvSnapshot.from_json(json.loads(text))
+    return None if text is None else _snapshot(text)
+
+
+def _snapshot(text: str) -> EnvSnapshot:
+    """A row read back; StateError when it holds no snapshot (the database is a file anyone
+    with root can edit), which every reader already takes as "no drift known"."""
+    try:
+        return EnvSnapshot.from_json(loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StateError(f"environment_log: a row is not a snapshot ({exc!r})") from exc
 
 
 # Keep a unit's newest `keep` rows and its newest good row; delete the rest.

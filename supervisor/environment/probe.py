@@ -16,6 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ..errors import SupervisorError
+from ..util.jsontext import loads
 
 NVIDIA_VERSION_PATH = Path("/proc/driver/nvidia/version")
 
@@ -101,7 +102,7 @@ def probe(python: Path, *, requires_of: Sequence[str] = (), timeout_s: float = 5
 
 def _parse_probe(python: Path, stdout: bytes) -> Probe:
     try:
-        raw = json.loads(stdout)
+        raw = loads(stdout)
         return Probe(
             python=str(raw["python"]),
             versions=MappingProxyType({str(k): str(v) for k, v in raw["versions"].items()}),

@@ -7,13 +7,13 @@ invocation of an unknown unit); a journal directory or file is read by the reade
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import JournalError
 from ..model import Invocation, JournalEntry, LogLine
+from ..util.jsontext import loads
 from .export import ExportParser, Fields, decode
 
 JOURNAL_FILE_MAGIC = b"LPKSHHRH"  # the first bytes of a binary journal file
@@ -24,7 +24,7 @@ def sniff(data: bytes) -> str:
     first = data.lstrip()[:4096].split(b"\n", 1)[0]
     if first.startswith(b"{"):
         try:
-            json.loads(first)
+            loads(first)
         except ValueError:
             return "text"
         return "json"
@@ -60,7 +60,7 @@ def decode_json(data: bytes) -> Iterator[JournalEntry]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads(line)
         except ValueError as exc:
             raise JournalError(f"line {index + 1}: not a JSON journal entry: {exc}") from exc
         if not isinstance(record, dict):

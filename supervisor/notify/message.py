@@ -78,8 +78,8 @@ def _action_line(outcome: Outcome, unit: str) -> str:
 
 
 def _group_line(group: Group) -> str:
-    start = datetime.fromtimestamp(group.first, UTC).strftime("%H:%M")
-    end = datetime.fromtimestamp(group.last, UTC).strftime("%H:%M UTC")
+    start = _utc(group.first, "%H:%M")
+    end = _utc(group.last, "%H:%M UTC")
     minutes = max(1, round(group.interval_s / 60))
     return (
         f"{group.count} crash{'es' if group.count != 1 else ''} of this kind between {start} "
@@ -113,7 +113,16 @@ def _when(outcome: Outcome) -> str:
     ended = outcome.invocation.ended_us
     if ended is None:
         return "unknown"
-    return datetime.fromtimestamp(ended / 1e6, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return _utc(ended / 1e6, "%Y-%m-%d %H:%M:%S UTC")
+
+
+def _utc(seconds: float, form: str) -> str:
+    """A time read from the journal, which may lie beyond what a datetime can hold (a clock
+    set to the year 300000 stamps its entries so)."""
+    try:
+        return datetime.fromtimestamp(seconds, UTC).strftime(form)
+    except (OverflowError, OSError, ValueError):
+        return "unknown"
 
 
 def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:

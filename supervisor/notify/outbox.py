@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import sqlite3
 import time
@@ -66,6 +65,7 @@ from ..store import Store, Writer
 from ..telemetry.http import SinkState
 from ..telemetry.metrics import Metrics
 from ..util.aio import first_of
+from ..util.jsontext import loads
 from ..util.retry import Backoff
 from .decision import (
     NotifyReason,
@@ -319,9 +319,9 @@ class Outbox:
 
     async def _attempt(self, payload: str, attempts: int) -> Result:
         """One send of a stored payload, however the sink fails, as a `Result`."""
-        timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2**attempts)
+        timeout_s = self._config.timeout_s * min(MAX_TIMEOUT_GROWTH, 2 ** min(attempts, 8))
         try:
-            body = json.loads(payload)
+            body = loads(payload)
         except ValueError:
             error = NotifyError(
                 f"{self._name}: stored message is not JSON", reason=UNRENDERABLE, retryable=False

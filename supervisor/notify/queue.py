@@ -14,6 +14,7 @@ supervisor.migrations.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..errors import StateError
 from ..model import Outcome
 from ..state.tables import History
 from ..store import Store
+from ..util.jsontext import loads
 from .decision import Group, dedupe_key, group_key
 
 MemberKey = tuple[str, str]  # (unit or "", dedupe key): one crash in outbox_member
@@ -58,7 +60,7 @@ class OutboxTable:
         ).fetchall()
         for message_id, payload in rows:
             try:
-                marked = dump(resent(json.loads(payload)))
+                marked = dump(resent(loads(payload)))
             except ValueError:
                 marked = payload  # unrenderable: the delivery loop drops it with one line
             db.execute(
@@ -187,7 +189,9 @@ class OutboxTable:
         return _message(
             self._db.execute(
                 "SELECT id, due, attempts, payload FROM outbox WHERE sink = ? AND state = 'pending'"
-                " AND id NOT IN (SELECT value FROM json_each(?)) ORDER BY due, id LIMIT 1",
+                " AND id NOT IN (SELECT value FROM json_each(?))"
+                # A due that is not a number is due now (_message): ordered so too.
+                " ORDER BY iif(typeof(due) IN ('integer', 'real'), due, 0), id LIMIT 1",
                 (self.sink, json.dumps(skip)),
             ).fetchone()
         )
@@ -279,9 +283,18 @@ class OutboxQueue:
 
 
 def _message(row: Any) -> QueuedMessage | None:
+    """A row as the delivery loop reads it. The database is a file: a value of another type
+    (a row edited by hand) is due now, at no attempts yet, or a payload that is not JSON (which
+    the loop drops with one line), never a TypeError that ends the loop."""
     if row is None:
         return None
-    return QueuedMessage(id=row[0], due=row[1], attempts=row[2], payload=row[3])
+    message_id, due, attempts, payload = row
+    return QueuedMessage(
+        id=message_id,
+        due=float(due) if isinstance(due, int | float) and math.isfinite(due) else 0.0,
+        attempts=min(attempts, 1 << 20) if isinstance(attempts, int) and attempts >= 0 else 0,
+        payload=payload if isinstance(payload, str) else "",
+    )
 
 
 def dump(value: Any) -> str:

@@ -165,6 +165,10 @@ class SlackWebhook:
             raise NotifyError(
                 f"slack: the webhook URL {self.problem}", reason="invalid_url", retryable=False
             )
+        if not isinstance(payload, Mapping):  # a stored message read back as another JSON value
+            raise NotifyError(
+                "slack: the message is not a JSON object", reason="unrenderable", retryable=False
+            )
         content = encode_json(dict(payload), "slack")
         client = self._connection()
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)

@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+import structlog
+
 from ..model import Ended, Outcome
 from ..records import Pending, ended_record, outcome_record, pending_from_record
+from ..util.jsontext import loads
+
+_log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +46,7 @@ class Meta:
         rows = dict(
             self._db.execute("SELECT key, value FROM meta WHERE key IN ('cursor','replay')")
         )
-        return Checkpoint(cursor=rows.get("cursor"), replay_from=rows.get("replay"))
+        return Checkpoint(cursor=_text(rows.get("cursor")), replay_from=_text(rows.get("replay")))
 
     def save(self, checkpoint: Checkpoint) -> None:
         for key, value in (("cursor", checkpoint.cursor), ("replay", checkpoint.replay_from)):
@@ -60,8 +65,15 @@ class UnitStateTable:
         self._db = db
 
     def load(self) -> dict[str, dict[str, Any]]:
-        rows = self._db.execute("SELECT unit, state FROM unit_state")
-        return {unit: json.loads(state) for unit, state in rows}
+        states: dict[str, dict[str, Any]] = {}
+        for unit, state in self._db.execute("SELECT unit, state FROM unit_state"):
+            value = json_object(state)
+            if isinstance(value, str):
+                # The unit's streak starts again: at worst one more crash before a halt.
+                _log.warning("state_row_unreadable", table="unit_state", unit=unit, error=value)
+            else:
+                states[str(unit)] = value
+        return states
 
     def save(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         self._db.executemany(
@@ -105,7 +117,7 @@ class History:
             ).fetchone()
             if row is None:
                 continue
-            outcome = json.loads(row[1])
+            outcome = loads(row[1])
             notes = outcome.setdefault("verdict", {}).setdefault("notes", [])
             if note not in notes:
                 notes.append(note)
@@ -115,14 +127,17 @@ class History:
 
     def items(self, unit: str | None = None) -> list[dict[str, Any]]:
         """Oldest first: the triage JSON plus `time` (ISO 8601) and `notified`."""
-        sql = "SELECT time, outcome, notified FROM history"
+        sql = "SELECT id, time, outcome, notified FROM history"
         args: tuple[Any, ...] = ()
         if unit is not None:
             sql, args = sql + " WHERE unit = ?", (unit,)
         result = []
-        for when, outcome, notified in self._db.execute(sql + " ORDER BY id", args):
-            item = json.loads(outcome)
-            item["time"] = datetime.fromtimestamp(when, UTC).isoformat()
+        for row_id, when, outcome, notified in self._db.execute(sql + " ORDER BY id", args):
+            item = json_object(outcome)
+            if isinstance(item, str):
+                _log.warning("state_row_unreadable", table="history", id=row_id, error=item)
+                continue
+            item["time"] = _iso(when)
             item["notified"] = bool(notified)
             result.append(item)
         return result
@@ -166,7 +181,7 @@ class PendingActions:
         unreadable = []
         for unit, name, text in rows:
             try:
-                outcomes.append(pending_from_record(json.loads(text)))
+                outcomes.append(pending_from_record(loads(text)))
             except (ValueError, KeyError, TypeError) as exc:
                 unreadable.append(f"{unit} {name}: {type(exc).__name__}: {exc}")
         return outcomes, unreadable
@@ -179,6 +194,32 @@ def key(pending: Pending) -> str:
     """What identifies an invocation of its unit: its id, else its last entry's cursor."""
     inv = pending.invocation
     return inv.invocation_id or f"cursor:{inv.last_cursor}"
+
+
+def json_object(text: object) -> dict[str, Any] | str:
+    """A row's JSON object, or why the row holds none (it was written behind our back)."""
+    if not isinstance(text, str):
+        return f"expected JSON text, got {type(text).__name__}"
+    try:
+        value = loads(text)
+    except ValueError as exc:
+        return f"not JSON: {exc}"
+    if not isinstance(value, dict):
+        return f"expected a JSON object, got {type(value).__name__}"
+    return value
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _iso(when: object) -> str | None:
+    if isinstance(when, bool) or not isinstance(when, int | float):
+        return None
+    try:
+        return datetime.fromtimestamp(when, UTC).isoformat()
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def dump(value: Any) -> str:
