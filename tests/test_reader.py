@@ -440,3 +440,44 @@ def _in_file(directory: Path) -> int:
         check=False,
     ).stdout
     return len(out.splitlines())
+
+
+class TestEmptyJournal:
+    """A journal directory with no file yet (journal-remote's before the first upload, a fresh
+    volatile journal): journalctl 252 refuses to follow it ("Data from the specified boot (+0)
+    is not available"), which restarted the fallback reader forever and called it failing."""
+
+    @pytest.mark.parametrize("start_at", ["tail", "head"])
+    async def test_entries_written_later_are_read_and_nothing_failed(
+        self, journal_dir: Path, source: str, start_at: str
+    ) -> None:
+        settings = ReaderSettings(
+            directory=journal_dir,
+            units=(UNIT,),
+            start_at=start_at,
+            source=source,
+            backoff_s=0.05,
+            backoff_max_s=0.2,
+        )
+        reader = JournalctlReader(settings)
+        stop = asyncio.Event()
+        got: list[str] = []
+        with structlog.testing.capture_logs() as logs:
+            task = asyncio.create_task(_collect(reader, stop, 3, got))
+            await asyncio.wait_for(reader.following.wait(), 10)
+            # journalctl met the empty journal (the native child follows it as it is).
+            await poll(
+                lambda: (
+                    source == "native"
+                    or any(e["event"] in ("journal_empty", "journalctl_failed") for e in logs)
+                ),
+                within=10,
+            )
+            with JournalWriter(journal_dir) as writer:
+                writer.write(service_lines(UNIT, "5" * 32, _lines("late", 3)))
+                await poll(lambda: task.done(), within=20, each=writer.nudge)
+        await task
+        await reader.aclose()
+        assert got == _lines("late", 3)
+        assert (reader.restarts, reader.failures, reader.last_error) == (0, 0, None), logs
+        assert not [e for e in logs if e["log_level"] in ("warning", "error")], logs

@@ -288,6 +288,8 @@ class JournalctlReader:
 
     async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
         use_pidfd_child_watcher()
+        if not await self._await_first_entry(stop):
+            return
         if self.cursor is None and self.settings.follow and self.settings.start_at == "tail":
             await self._pin_tail()  # following from now on: there is no backlog to catch up
         elif self._catches_up():
@@ -508,6 +510,11 @@ class JournalctlReader:
     async def _last_cursor(self) -> str | None:
         """The cursor of the journal's last entry, whatever its unit; None when it is empty.
         TimeoutError when journalctl did not answer in time."""
+        cursor, _ = await self._tail()
+        return cursor
+
+    async def _tail(self) -> tuple[str | None, int | None]:
+        """`_last_cursor`, and the exit status of the child that read it."""
         last_entry = dataclasses.replace(self.settings, follow=False, units=())
         argv = reader_argv(last_entry, None, last=True)
         process = await asyncio.create_subprocess_exec(
@@ -522,7 +529,9 @@ class JournalctlReader:
             await terminate(process)
             raise
         _, _, cursor = self._decoder().feed(output)
-        return cursor.decode("ascii", "replace") if cursor is not None else None
+        return (
+            cursor.decode("ascii", "replace") if cursor is not None else None
+        ), process.returncode
 
     def _decoder(self) -> LineParser | ExportDecoder:
         max_chars = self.settings.max_line_chars
@@ -543,6 +552,38 @@ class JournalctlReader:
             error="the saved cursor's entry is no longer in the journal (vacuumed); resuming at "
             "the oldest entry after it, entries in between may be lost",
         )
+
+    async def _await_first_entry(self, stop: asyncio.Event) -> bool:
+        """Before journalctl follows a journal from no cursor, wait until it holds an entry;
+        False when `stop` came first.
+
+        journalctl 252 refuses to follow a directory without a journal file ("Data from the
+        specified boot (+0) is not available"): journal-remote's before its first upload, say.
+        That is no failure of the reader, so it is not restarted and counted as one: the
+        journal is looked at every `backoff_s` instead, and what arrives first is all new."""
+        if self.cursor is not None or not self.settings.follow:
+            return True
+        if resolve_source(self.settings.source) != "journalctl":
+            return True  # the native child follows an empty journal as it is
+        said = False
+        while not stop.is_set():
+            try:
+                cursor, status = await self._tail()
+            except TimeoutError:
+                return True  # journalctl did not answer: following tells what is wrong
+            if status != 0:
+                return True  # not empty but unreadable: the follower fails, and says why
+            if cursor is not None:
+                if said:
+                    self.settings = dataclasses.replace(self.settings, start_at="head")
+                return True
+            if not said:
+                said = True
+                self._announce_following()
+                log.info("journal_empty", action="waiting for its first entry")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.backoff_s)
+        return False
 
     async def _pin_tail(self) -> None:
         """Fix "the tail" now, as a cursor, before announcing that the journal is followed.
