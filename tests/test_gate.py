@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main, release_main
@@ -138,3 +140,23 @@ def test_the_gate_loads_no_classifier_database_or_packaging_code() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == []
+
+
+@given(title=st.text(), holder_line=st.text())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_no_value_of_a_record_starts_a_line_of_its_own(
+    tmp_path: Path, title: str, holder_line: str
+) -> None:
+    """The gate's lines land in the unit's journal: a record's title (a signature's, a crash's)
+    holding a newline and a fake "start allowed" must stay inside its own line, shown escaped."""
+    dirs = (tmp_path / f"run-{abs(hash((title, holder_line)))}", tmp_path / "state")
+    forged = f"{title}\nvllm.service: start allowed: {holder_line}"
+    Quarantine(dirs[0] / "quarantine").write("vllm.service", {"title": forged, "reason": "fatal"})
+    code, text = gate("vllm.service", dirs)
+    assert code == EXIT_QUARANTINED
+    lines = text.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("vllm.service: start refused, quarantined: ")
+    assert lines[1] == "release it with: vllm-supervisor release vllm.service"

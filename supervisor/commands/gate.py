@@ -43,6 +43,7 @@ from ..actions import (
 )
 from ..config import DEFAULT_RUNTIME_DIR, SUPERVISOR_UNIT, Config, load_config
 from ..errors import SupervisorError
+from ..util.text import visible
 from .options import config_path
 
 EXIT_ALLOW = 0
@@ -64,7 +65,7 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(config_path(args))
     except Exception as exc:  # a ConfigError, or a fault of the loader's own: never a refusal
         why = str(exc) if isinstance(exc, SupervisorError) else f"{exc!r}; please report it"
-        print(f"{args.unit}: the supervisor's config does not load ({why})", file=sys.stderr)
+        _say(f"{args.unit}: the supervisor's config does not load ({why})", file=sys.stderr)
         config = Config()
     state = config.state
     runtime_dir = state.runtime_dir
@@ -110,7 +111,7 @@ def gate_main(
             unit, runtime_dir, state_dir, waiting, stream, defaults, invocation_id
         )
     except Exception as exc:  # the gate's own fault: never the reason a server stays down
-        print(f"{unit}: start allowed: the gate failed ({exc!r}); please report it", file=stream)
+        _say(f"{unit}: start allowed: the gate failed ({exc!r}); please report it", file=stream)
         return _refused_by_records(unit, runtime_dir, state_dir, defaults, stream) or EXIT_ALLOW
 
 
@@ -175,7 +176,7 @@ def _wait_for_comeback(
             if why is None:
                 return reply
             if not said:
-                print(f"{unit}: waiting for the supervisor: {why}", file=stream)
+                _say(f"{unit}: waiting for the supervisor: {why}", file=stream)
                 said = True
             next_look = time.monotonic() + COMEBACK_LOOK_S
         time.sleep(COMEBACK_POLL_S)
@@ -192,17 +193,15 @@ def _wait_for_comeback(
 def _say_how_it_waited(unit: str, reply: Reply, wait_s: float, stream: TextIO) -> None:
     """One line when the start goes ahead without the daemon's word."""
     if not reply.reached:
-        print(
-            f"{unit}: start allowed: {reply.note}; nothing decides about its crashes", file=stream
-        )
+        _say(f"{unit}: start allowed: {reply.note}; nothing decides about its crashes", file=stream)
     elif reply.answer.get("supervised") is False:
-        print(
+        _say(
             f"{unit}: start allowed: the running supervisor's config does not name it; add it "
             "there, or remove its drop-in (vllm-supervisor setup does both)",
             file=stream,
         )
     elif not reply.answer.get("decided", False):
-        print(
+        _say(
             f"{unit}: start allowed: the supervisor has not decided about the last run within "
             f"{wait_s:.0f} s ({reply.answer.get('waited', 'no reason given')})",
             file=stream,
@@ -218,7 +217,7 @@ def _refused_by_records(
     try:
         return _check_records(unit, runtime_dir, state_dir, defaults, stream)
     except Exception as exc:
-        print(
+        _say(
             f"{unit}: the gate failed reading the records ({exc!r}); please report it", file=stream
         )
     for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
@@ -227,8 +226,8 @@ def _refused_by_records(
             path.lstat()
         except Exception:  # noqa: S112 - unseen: a record it cannot name refuses nothing
             continue
-        print(f"{unit}: start refused, quarantined: a record is at {path}", file=stream)
-        print(f"release it with: vllm-supervisor release {unit}", file=stream)
+        _say(f"{unit}: start refused, quarantined: a record is at {path}", file=stream)
+        _say(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
     return None
 
@@ -249,7 +248,7 @@ def _check_records(
         except FileNotFoundError:
             continue
         except OSError as exc:
-            print(
+            _say(
                 f"{unit}: cannot search {directory} ({exc.strerror}): a quarantine record "
                 "there would not be seen; fix its permissions or run the gate as root "
                 "(ExecCondition=+...)",
@@ -262,10 +261,10 @@ def _check_records(
             record = {"corrupt": True, "error": f"{quarantine.path(unit)}: {exc.strerror}"}
         if _lifted(unit, quarantine, record, runtime_dir, stream):
             continue
-        print(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
+        _say(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
         if (holder := still_holds(record)) is not None:
-            print(f"{unit}: {holder}", file=stream)
-        print(f"release it with: vllm-supervisor release {unit}", file=stream)
+            _say(f"{unit}: {holder}", file=stream)
+        _say(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
     return None
 
@@ -283,10 +282,10 @@ def _lifted(
     try:
         quarantine.release(unit)
     except OSError as exc:
-        print(f"{unit}: {what}, but the halt cannot be lifted: {exc.strerror}", file=stream)
+        _say(f"{unit}: {what}, but the halt cannot be lifted: {exc.strerror}", file=stream)
         return False
     _tell_released(unit, runtime_dir)
-    print(
+    _say(
         f"{unit}: start allowed: the halt is lifted, {what} (was: {_summary(record)})", file=stream
     )
     return True
@@ -307,16 +306,16 @@ def release_main(
         try:
             record = Quarantine(directory).release(unit)
         except OSError as exc:
-            print(f"{unit}: cannot release {directory}: {exc.strerror}", file=sys.stderr)
+            _say(f"{unit}: cannot release {directory}: {exc.strerror}", file=sys.stderr)
             return 1
         if record is not None:
             released += 1
-            print(f"released {unit} ({directory}): {_summary(record)}", file=stream)
+            _say(f"released {unit} ({directory}): {_summary(record)}", file=stream)
     if released:
         _tell_released(unit, runtime_dir)
-        print(f"start it again with: systemctl start {unit}", file=stream)
+        _say(f"start it again with: systemctl start {unit}", file=stream)
     else:
-        print(f"{unit} is not quarantined", file=stream)
+        _say(f"{unit} is not quarantined", file=stream)
     return 0
 
 
@@ -327,6 +326,13 @@ def _tell_released(unit: str, runtime_dir: Path) -> None:
         {"op": "released", "unit": unit},
         timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
     )
+
+
+def _say(text: str, *, file: TextIO) -> None:
+    """One line of the gate's (its stream is the unit's journal): a value in it (a record's
+    title, a reply, a process's command line, a unit name) shows its control characters
+    escaped, so none can start a line of its own that reads as the gate's."""
+    file.write(visible(text) + "\n")
 
 
 def _summary(record: dict[str, Any]) -> str:
