@@ -56,6 +56,10 @@ class _OddUnit(ServiceInterface):
     def InvocationID(self) -> "s":
         return "0123456789abcdef0123456789abcdef"
 
+    @dbus_property(access=PropertyAccess.READ)
+    def Job(self) -> "s":
+        return "7 /org/freedesktop/systemd1/job/7"
+
 
 class _OddService(ServiceInterface):
     """A service whose numbers are strings and whose ExecCondition is a list of words."""
@@ -99,6 +103,24 @@ async def test_a_unit_state_of_other_types_is_a_systemd_error(
             assert exc.reason == "dbus_error"
         else:
             assert isinstance(state, UnitState)
+        finally:
+            await client.close()
+            bus.disconnect()
+
+
+async def test_a_job_property_of_another_type_is_a_systemd_error(tmp_path: Path) -> None:
+    """pending_job unpacks systemd's (id, path) pair: a string there is a SystemdError, which
+    its callers handle, not a ValueError that ends the unit's lane job."""
+    with private_bus(tmp_path) as address:
+        bus = await MessageBus(bus_address=address).connect()
+        bus.export("/org/freedesktop/systemd1", _Manager())
+        bus.export(UNIT_PATH, _OddUnit())
+        await bus.request_name("org.freedesktop.systemd1")
+        client = SystemdClient(bus_address=address, timeout_s=5)
+        try:
+            with pytest.raises(SystemdError) as raised:
+                await client.pending_job(UNIT)
+            assert raised.value.reason == "dbus_error"
         finally:
             await client.close()
             bus.disconnect()

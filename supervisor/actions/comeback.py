@@ -74,7 +74,9 @@ def ask_about(unit: str = SUPERVISOR_UNIT) -> SupervisorUnit | None:
     async def question(client: SystemdClient) -> SupervisorUnit:
         state = await client.unit_state(unit)
         job = await client.pending_job(unit)
-        left_us = int(await client.unit_property(unit, "ActiveExitTimestampMonotonic"))
+        left = await client.unit_property(unit, "ActiveExitTimestampMonotonic")
+        # systemd's t (microseconds); anything else says nothing of when it went down.
+        left_us = left if isinstance(left, int) and not isinstance(left, bool) else 0
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         return SupervisorUnit(state, job, (now_us - left_us) / 1e6 if left_us else None)
 

@@ -150,7 +150,13 @@ class SystemdClient:
     async def pending_job(self, unit: str) -> str:
         """The type of the job systemd runs or queued for `unit` ("start", "restart", "stop",
         ...), or "" when there is none."""
-        job_id, job_path = await self.unit_property(unit, "Job")
+        job = await self.unit_property(unit, "Job")
+        try:
+            job_id, job_path = job  # systemd's (uo)
+        except (TypeError, ValueError) as exc:
+            raise SystemdError(
+                f"{unit}: unexpected Job property: {exc}", reason="dbus_error", retryable=False
+            ) from exc
         if not job_id:
             return ""
         try:
