@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 from dbus_fast.aio import MessageBus
-from dbus_fast.service import ServiceInterface, method
+from dbus_fast.service import PropertyAccess, ServiceInterface, dbus_property, method
 from fake_systemd import FakeJob, FakeService, FakeUnit, private_bus, served_from_a_thread
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_supervisor.actions.comeback import SupervisorUnit, coming_back
+from vllm_supervisor.actions.comeback import SupervisorUnit, ask_about, coming_back
 from vllm_supervisor.actions.gatekeeper import GateServer, socket_path
 from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main
@@ -253,3 +253,24 @@ def test_coming_back_follows_the_job_then_the_state(
         assert why is not None
     else:
         assert why is None
+
+
+class _OddTimestampUnit(FakeUnit):
+    """A unit whose ActiveExitTimestampMonotonic is a string, not systemd's `t`."""
+
+    @dbus_property(access=PropertyAccess.READ)
+    def ActiveExitTimestampMonotonic(self) -> "s":
+        return "12 seconds ago"
+
+
+def test_a_leaving_time_of_another_type_says_no_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's unit as systemd says it, without a time it left "active" when that
+    property comes in another type: the gate still learns the state, and nothing raises."""
+    unit = _OddTimestampUnit(active="activating", sub="auto-restart")
+    with systemd_says(tmp_path, monkeypatch, unit):
+        seen = ask_about()
+    assert seen is not None
+    assert seen.state.active_state == "activating"
+    assert seen.inactive_for_s is None
