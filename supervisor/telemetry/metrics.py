@@ -208,8 +208,8 @@ class Metrics:
         )
         self._start = self._gauge(
             "unit_start_timestamp_seconds",
-            "Unix time PID 1 started the unit's running invocation; 0 while none runs or its "
-            "start was not read (the daemon came up after it).",
+            "Unix time PID 1 started the unit's running invocation; 0 while none runs, its "
+            "start was not read (the daemon came up after it) or a reload removed the unit.",
             ["unit"],
         )
         self._serving = self._gauge(
