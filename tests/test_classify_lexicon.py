@@ -408,6 +408,19 @@ def _toml(document: dict[str, object]) -> str:
         ]
     }
 )
+@example(
+    document={
+        "capacity": [
+            {
+                "id": "c",
+                "why": "w",
+                "pattern": r"(?:(?P<free>\d+) free )?(?P<total>\d+) (?P<unit>\w+) (?P<wanted>\d+)"
+                r" (?P<wanted_unit>\w+)",
+                "examples": ["8 GiB 9 GiB"],  # an optional group that took no part: None
+            }
+        ]
+    }
+)
 def test_any_lexicon_document_loads_or_is_one_line(document: dict[str, object]) -> None:
     """Whatever the file holds: a Lexicon, or one ConfigError line naming the file."""
     try:

@@ -357,6 +357,27 @@ class TestValidation:
         assert match is not None
         assert match.captures == {"what": "stuff"}
 
+    @pytest.mark.parametrize(
+        ("template", "rendered"),
+        [
+            ("fix {what!r}", "fix 'stuff'"),
+            ("fix {what!s} now", "fix stuff now"),
+            ("fix [{what:>7}]", "fix [  stuff]"),
+            ("fix [{what:.3}]", "fix [stu]"),
+        ],
+    )
+    def test_a_template_that_renders_any_text_loads(
+        self, tmp_path: Path, template: str, rendered: str
+    ) -> None:
+        """A conversion or format spec that renders every text (captures are text) is a
+        template an operator may write; only one that fails on text is refused."""
+        body = GOOD.replace("fix {what}", template)
+        table = load_signature_table([_write(tmp_path, "mine.toml", body)])
+        match = table.match("very good stuff")
+        assert match is not None
+        assert rendered == match.signature.render_remediation(match.captures)
+        assert match.signature.render_remediation({}) is not None  # "?" renders too
+
     def test_written_from_is_parsed(self, tmp_path: Path) -> None:
         """Corpus logs (with their URL, when public) and upstream URLs come out in order."""
         body = GOOD + (

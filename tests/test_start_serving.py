@@ -247,3 +247,25 @@ def test_the_start_shown_is_this_machines_in_a_directory_of_several() -> None:
         tracker.feed(entry)
     assert tracker.running_starts(here) == {UNIT: (1_700_000_000_000_002, 1_700_000_000_000_004)}
     assert tracker.running_starts(other) == {UNIT: (1_700_000_000_000_000, None)}
+
+
+def test_a_unit_a_reload_removed_shows_no_start() -> None:
+    """A reload that stops supervising a unit leaves its running invocation in the tracker,
+    which reads none of its entries any more: its start is no longer shown (0), or the
+    not-serving alert would fire within the hour, for good, on a unit nobody supervises."""
+    metrics = Metrics(new_registry(process=False))
+    kept, removed = "kept.service", "removed.service"
+    metrics.register_units([kept, removed])
+    for unit in (kept, removed):
+        metrics.unit_loaded(unit, True)
+    tracked = {kept: (1_700_000_000_000_000, None), removed: (1_700_000_000_000_000, None)}
+    metrics.running_starts(tracked)
+    samples = parse(metrics.exposition()[0].decode())
+    assert value(samples, START, unit=removed) == 1_700_000_000
+
+    metrics.register_units([kept])  # SIGHUP with `removed` gone from the config
+    metrics.running_starts(tracked)
+    samples = parse(metrics.exposition()[0].decode())
+    assert value(samples, START, unit=kept) == 1_700_000_000
+    assert value(samples, START, unit=removed) == 0
+    assert value(samples, SERVING, unit=removed) == 0

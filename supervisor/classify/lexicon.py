@@ -221,7 +221,7 @@ class Lexicon:
                 continue  # numbers in two units say nothing to each other
             try:
                 free, total, wanted = (float(m.group(g)) for g in _CAPACITY_GROUPS)
-            except ValueError:
+            except (TypeError, ValueError):  # TypeError: an optional group that took no part
                 continue  # a pattern that caught words, not numbers: they say nothing
             unit = m.group("unit")
             if wanted > total:

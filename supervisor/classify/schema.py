@@ -159,9 +159,10 @@ def _check_template(template: str, patterns: tuple[str, ...], where: _Where) -> 
     except ValueError as exc:
         raise where.error("remediation", f"bad template: {exc}") from exc
     for name, spec, conversion in fields:
-        # A conversion or format spec (`{x!z}`, `{x:d}`) fails only when a line is classified,
-        # and then the crash goes undecided: only a plain `{name}` renders every capture.
-        if not name.isidentifier() or spec or conversion:
+        # A field that fails on text (`{x!z}`, `{x:d}`, a spec nesting a field) would fail only
+        # when a line is classified, and the crash would go undecided. Captures are always text
+        # and text formats alike whatever it holds, so one that renders "?" renders them all.
+        if not name.isidentifier() or not _renders_text(spec, conversion):
             field = name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
             raise where.error(
                 "remediation", f"template field {{{field}}} must be a plain name such as {{x}}"
@@ -172,6 +173,17 @@ def _check_template(template: str, patterns: tuple[str, ...], where: _Where) -> 
                 "remediation",
                 f"names capture {{{name}}} that no pattern defines (defined: {known})",
             )
+
+
+def _renders_text(spec: str | None, conversion: str | None) -> bool:
+    spec = spec or ""
+    if conversion not in (None, "r", "s", "a") or "{" in spec:
+        return False
+    try:
+        format("?", spec)
+    except ValueError:
+        return False
+    return True
 
 
 def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec:

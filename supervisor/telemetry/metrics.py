@@ -208,8 +208,8 @@ class Metrics:
         )
         self._start = self._gauge(
             "unit_start_timestamp_seconds",
-            "Unix time PID 1 started the unit's running invocation; 0 while none runs or its "
-            "start was not read (the daemon came up after it).",
+            "Unix time PID 1 started the unit's running invocation; 0 while none runs, its "
+            "start was not read (the daemon came up after it) or a reload removed the unit.",
             ["unit"],
         )
         self._serving = self._gauge(
@@ -450,9 +450,13 @@ class Metrics:
 
     def running_starts(self, starts: Mapping[str, tuple[int | None, int | None]]) -> None:
         """Set `unit_start_timestamp_seconds` and `unit_serving` of every known unit from the
-        tracker's (started, served) of its running invocation, in microseconds."""
+        tracker's (started, served) of its running invocation, in microseconds. A unit no
+        longer configured (a reload removed it) shows none: the tracker keeps its last start
+        but reads none of its entries, so it would never end and never serve."""
         for unit in self._units - {UNKNOWN}:
             started, served = starts.get(unit, (None, None))
+            if unit not in self._supervised:
+                started, served = None, None
             self._start.labels(unit).set(started / 1e6 if started else 0)
             self._serving.labels(unit).set(1 if served is not None else 0)
 
