@@ -39,6 +39,7 @@ from vllm_supervisor.errors import StateError
 from vllm_supervisor.journal.writer import crashed_invocation
 from vllm_supervisor.notify.alertmanager import AlertmanagerSink
 from vllm_supervisor.notify.level import LevelLoop
+from vllm_supervisor.notify.queue import OutboxTable
 from vllm_supervisor.notify.webhook import SlackWebhook
 from vllm_supervisor.store import DATABASE_NAME, Store
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
@@ -314,3 +315,38 @@ async def _deliver_until_the_good_one(store: Store, server: SlackServer) -> None
         stop.set()
         await asyncio.wait_for(task, 10)
         await outbox.sink.aclose()
+
+
+def test_the_next_message_is_picked_through_the_index_whatever_the_backlog(tmp_path: Path) -> None:
+    """During a long Slack outage the outbox holds thousands of pending rows, and the delivery
+    loop picks the next one after each attempt: every query it makes for that walks the
+    (sink, state, due) index; none sorts the pending rows (an expression in ORDER BY
+    made SQLite do so). A row whose due was edited to text is still picked first."""
+    store = Store.in_directory(tmp_path)
+    now = time.time()
+    store.write_blocking(
+        lambda db: db.executemany(
+            "INSERT INTO outbox (created, due, attempts, state, payload) VALUES (?, ?, 0, ?, ?)",
+            [(now, now + n, "pending", GOOD_PAYLOAD) for n in range(2000)]
+            + [(now, "edited", "pending", json.dumps({"text": "edited"}))],
+        )
+    )
+    asked: list[str] = []
+
+    def pick(db: sqlite3.Connection) -> Any:
+        db.set_trace_callback(asked.append)
+        try:
+            return OutboxTable(db, "slack").next_due([])
+        finally:
+            db.set_trace_callback(None)
+
+    try:
+        picked = store.write_blocking(pick)
+        assert picked is not None and json.loads(picked.payload) == {"text": "edited"}
+        selects = [sql for sql in asked if sql.lstrip().upper().startswith("SELECT")]
+        assert selects
+        for sql in selects:
+            plan = " | ".join(row[-1] for row in store.query(f"EXPLAIN QUERY PLAN {sql}"))
+            assert "outbox_pending" in plan and "TEMP B-TREE" not in plan, plan
+    finally:
+        store.close()

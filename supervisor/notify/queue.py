@@ -43,6 +43,13 @@ class QueuedMessage:
     payload: str
 
 
+_NEXT = (
+    "SELECT id, due, attempts, payload FROM outbox WHERE sink = ? AND state = 'pending'"
+    " AND id NOT IN (SELECT value FROM json_each(?)) ORDER BY due, id LIMIT 1"
+)
+_NEXT_NOT_A_NUMBER = _NEXT.replace("'pending'", "'pending' AND due >= ''")
+
+
 class OutboxTable:
     """`outbox` and `outbox_member`: the repository of one sink's rows, over a connection."""
 
@@ -186,15 +193,15 @@ class OutboxTable:
         )
 
     def next_due(self, skip: list[int]) -> QueuedMessage | None:
-        return _message(
-            self._db.execute(
-                "SELECT id, due, attempts, payload FROM outbox WHERE sink = ? AND state = 'pending'"
-                " AND id NOT IN (SELECT value FROM json_each(?))"
-                # A due that is not a number is due now (_message): ordered so too.
-                " ORDER BY iif(typeof(due) IN ('integer', 'real'), due, 0), id LIMIT 1",
-                (self.sink, json.dumps(skip)),
-            ).fetchone()
-        )
+        # A due that is not a number (a row edited by hand) is due now (_message), so it comes
+        # first. SQLite orders NULL, then numbers, then text and blobs: the text and blobs are
+        # asked for first, and each question is a range of the (sink, state, due) index, not a
+        # sort of every pending row (which an expression in ORDER BY made SQLite do).
+        for query in (_NEXT_NOT_A_NUMBER, _NEXT):
+            row = self._db.execute(query, (self.sink, json.dumps(skip))).fetchone()
+            if row is not None:
+                return _message(row)
+        return None
 
     def of_member(self, member: MemberKey) -> QueuedMessage | None:
         return _message(
