@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
+
+from .util.when import utc
 
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -534,12 +535,8 @@ class Outcome:
 
 def _iso(us: int | None) -> str | None:
     """A journal timestamp (microseconds since the epoch) in ISO 8601, UTC."""
-    if us is None or us <= 0:
-        return None
-    try:
-        return datetime.fromtimestamp(us / 1e6, UTC).isoformat(timespec="seconds")
-    except (OverflowError, OSError, ValueError):
-        return None
+    when = utc(us, per_second=1_000_000) if us is not None and us > 0 else None
+    return None if when is None else when.isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

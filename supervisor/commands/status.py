@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import datetime
 import json
 import math
 import re
@@ -38,6 +37,7 @@ from ..store import Store
 from ..util.daemon_lock import LOCK_NAME, lock_holder
 from ..util.jsontext import loads
 from ..util.text import for_terminal, visible
+from ..util.when import utc
 from .options import resolve_config
 
 EXIT_HEALTHY = 0
@@ -55,7 +55,6 @@ READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
 RUNNING_START = "vllm_supervisor_unit_start_timestamp_seconds"
 RUNNING_SERVING = "vllm_supervisor_unit_serving"
 _SAMPLE = re.compile(r'^(\w+)\{unit="((?:[^"\\]|\\.)*)"\} (\S+)$')
-_LAST_TIMESTAMP = 253402300800.0  # 10000-01-01: datetime's end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -356,7 +355,7 @@ def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
             value = float(match.group(3))
         except ValueError:
             continue
-        if not 0 < value < _LAST_TIMESTAMP:  # 0: none running; NaN, inf, past 9999: not a time
+        if value <= 0 or utc(value) is None:  # 0: none running; NaN, inf, past 9999: no time
             continue
         unit = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), match[2])
         if match.group(1) == RUNNING_START:
@@ -430,7 +429,8 @@ def _running_words(running: dict[str, Any], now: float | None = None) -> str:
     """The running line: its start in UTC, how long ago, and whether it serves yet."""
     started = float(running["started"])
     age = max(0, int((time.time() if now is None else now) - started))
-    when = datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds")
+    at = utc(started)
+    when = "at an unknown time" if at is None else at.isoformat(timespec="seconds")
     hours, minutes = divmod(age // 60, 60)
     ago = f"{hours} h {minutes} min" if hours else f"{minutes} min"
     state = "serving" if running.get("serving") else "not serving yet"

@@ -7,11 +7,11 @@ Slack's size limits (cut with a visible marker).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from ..model import Outcome, Taken
 from ..story import NO_ROOT_CAUSE, told_outcome
+from ..util.when import utc
 from .decision import Group
 
 SECTION_LIMIT = 3000  # Slack: a section's text, a context element
@@ -119,10 +119,8 @@ def _when(outcome: Outcome) -> str:
 def _utc(seconds: float, form: str) -> str:
     """A time read from the journal, which may lie beyond what a datetime can hold (a clock
     set to the year 300000 stamps its entries so)."""
-    try:
-        return datetime.fromtimestamp(seconds, UTC).strftime(form)
-    except (OverflowError, OSError, ValueError):
-        return "unknown"
+    when = utc(seconds)
+    return "unknown" if when is None else when.strftime(form)
 
 
 def _fields(outcome: Outcome, host: str) -> list[dict[str, str]]:

@@ -9,7 +9,6 @@ import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import structlog
@@ -17,6 +16,7 @@ import structlog
 from ..model import Ended, Outcome
 from ..records import Pending, ended_record, outcome_record, pending_from_record
 from ..util.jsontext import loads
+from ..util.when import utc
 
 _log = structlog.get_logger(__name__)
 
@@ -213,13 +213,9 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _iso(when: object) -> str | None:
-    if isinstance(when, bool) or not isinstance(when, int | float):
-        return None
-    try:
-        return datetime.fromtimestamp(when, UTC).isoformat()
-    except (OverflowError, OSError, ValueError):
-        return None
+def _iso(seconds: object) -> str | None:
+    when = utc(seconds)
+    return None if when is None else when.isoformat()
 
 
 def dump(value: Any) -> str:
