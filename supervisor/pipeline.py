@@ -78,6 +78,8 @@ class Pipeline:
         if config is not None:
             self.config = config
             self._units = frozenset(u.name for u in config.units)
+            if self._units:  # none: every unit is read (triage of a saved journal)
+                self.tracker.forget_all_but(self._units)
         self._classifiers.clear()
 
     def feed(self, entries: Iterable[JournalEntry]) -> list[Ended]:

@@ -25,6 +25,7 @@ from test_metrics import parse, value
 from test_status import free_port
 from test_status_reader import status
 
+from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.status import (
     DaemonStatus,
     Status,
@@ -32,6 +33,7 @@ from vllm_supervisor.commands.status import (
     render_text,
     unit_starts_in,
 )
+from vllm_supervisor.config import Config, UnitConfig
 from vllm_supervisor.journal.writer import (
     JournalWriter,
     exit_entries,
@@ -39,6 +41,7 @@ from vllm_supervisor.journal.writer import (
     start_entries,
 )
 from vllm_supervisor.model import JournalEntry, LifecycleEvent
+from vllm_supervisor.pipeline import Pipeline
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 from vllm_supervisor.track.tracker import InvocationTracker
 
@@ -269,3 +272,22 @@ def test_a_unit_a_reload_removed_shows_no_start() -> None:
     assert value(samples, START, unit=kept) == 1_700_000_000
     assert value(samples, START, unit=removed) == 0
     assert value(samples, SERVING, unit=removed) == 0
+
+
+def test_a_unit_removed_then_added_again_shows_only_what_came_after() -> None:
+    """A reload that removes a unit forgets its runs: the pipeline reads none of its entries
+    meanwhile, so what the tracker kept of it (a running start, a settling end) is stale. Added
+    back, the unit shows no start until its next one is read."""
+    both = Config(units=(UnitConfig(name=UNIT), UnitConfig(name="other.service")))
+    pipeline = Pipeline(both, load_table(both))
+    inv = "3" * 32
+    pipeline.feed([_pid1(0, "", inv, LifecycleEvent.STARTING), _line(1, "", inv, LOADING[0])])
+    assert UNIT in pipeline.tracker.running_starts()
+
+    pipeline.reload(pipeline.table, Config(units=(UnitConfig(name="other.service"),)))
+    assert pipeline.tracker.running_starts() == {}
+    pipeline.reload(pipeline.table, both)
+    assert pipeline.tracker.running_starts() == {}
+    again = "4" * 32
+    pipeline.feed([_pid1(2, "", again, LifecycleEvent.STARTING)])
+    assert pipeline.tracker.running_starts() == {UNIT: (1_700_000_000_000_002, None)}

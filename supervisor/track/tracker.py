@@ -185,6 +185,14 @@ class InvocationTracker:
                 starts[unit] = (run.started_us if run.start_seen else None), run.served_us
         return starts
 
+    def forget_all_but(self, units: frozenset[str]) -> None:
+        """Drop what is kept of every other unit (a reload stopped supervising it): none of
+        its entries is read meanwhile, so a run of it kept now would be stale if it came back."""
+        for key in [key for key in self._units if key[1] not in units]:
+            del self._units[key]
+        if self._fed is not None and self._fed[0] not in units:
+            self._fed = None
+
     def has_seen(self, unit: str | None, invocation_id: str) -> bool:
         """True once an entry of that invocation of `unit` was read (on any host)."""
         return any(
