@@ -28,20 +28,11 @@ from vllm_supervisor.journal.writer import crashed_invocation
 from vllm_supervisor.pipeline import Now, Pipeline
 
 UNIT = "vllm.service"
+# Every [section] of the config file: the Config fields that are tables of their own.
 SECTIONS = {
-    section: [f.name for f in dataclasses.fields(type(getattr(Config(), section)))]
-    for section in (
-        "journal",
-        "tracker",
-        "state",
-        "slack",
-        "alertmanager",
-        "metrics",
-        "systemd",
-        "gate",
-        "drift",
-        "signatures",
-    )
+    field.name: [f.name for f in dataclasses.fields(section)]
+    for field in dataclasses.fields(Config)
+    if dataclasses.is_dataclass(section := getattr(Config(), field.name))
 }
 UNIT_KEYS = [f.name for f in dataclasses.fields(Config().unit(UNIT))]
 CRASH = "RuntimeError: CUDA error: an illegal memory access was encountered"

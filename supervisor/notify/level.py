@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import structlog
 
 from ..errors import StateError
-from ..state.tables import json_object
+from ..state.tables import json_objects_by_unit
 from ..store import Store
 from ..telemetry.http import SinkState
 from ..telemetry.metrics import Metrics
@@ -181,15 +181,8 @@ class IncidentTable:
 
     def sent(self) -> dict[str, Any]:
         rows = self._db.execute("SELECT unit, identity FROM incident WHERE sink = ?", (self.sink,))
-        sent: dict[str, Any] = {}
-        for unit, identity in rows:
-            value = json_object(identity)
-            if isinstance(value, str):
-                # Never resolved by this identity: Alertmanager ends it at its endsAt.
-                log.warning("state_row_unreadable", table="incident", unit=unit, error=value)
-            else:
-                sent[str(unit)] = value
-        return sent
+        # A unit left out is never resolved by this identity: Alertmanager ends it at endsAt.
+        return json_objects_by_unit(rows, table="incident")
 
     def replace(self, open_: Mapping[str, Any]) -> None:
         self._db.execute("DELETE FROM incident WHERE sink = ?", (self.sink,))

@@ -65,15 +65,9 @@ class UnitStateTable:
         self._db = db
 
     def load(self) -> dict[str, dict[str, Any]]:
-        states: dict[str, dict[str, Any]] = {}
-        for unit, state in self._db.execute("SELECT unit, state FROM unit_state"):
-            value = json_object(state)
-            if isinstance(value, str):
-                # The unit's streak starts again: at worst one more crash before a halt.
-                _log.warning("state_row_unreadable", table="unit_state", unit=unit, error=value)
-            else:
-                states[str(unit)] = value
-        return states
+        # A unit left out starts its streak again: at worst one more crash before a halt.
+        rows = self._db.execute("SELECT unit, state FROM unit_state")
+        return json_objects_by_unit(rows, table="unit_state")
 
     def save(self, states: Mapping[str, Mapping[str, Any]]) -> None:
         self._db.executemany(
@@ -207,6 +201,21 @@ def json_object(text: object) -> dict[str, Any] | str:
     if not isinstance(value, dict):
         return f"expected a JSON object, got {type(value).__name__}"
     return value
+
+
+def json_objects_by_unit(
+    rows: Iterable[tuple[object, object]], *, table: str
+) -> dict[str, dict[str, Any]]:
+    """Each (unit, JSON text) row's object by unit; a row that holds none is left out with a
+    line naming its table."""
+    found: dict[str, dict[str, Any]] = {}
+    for unit, text in rows:
+        value = json_object(text)
+        if isinstance(value, str):
+            _log.warning("state_row_unreadable", table=table, unit=unit, error=value)
+        else:
+            found[str(unit)] = value
+    return found
 
 
 def _text(value: object) -> str | None:
