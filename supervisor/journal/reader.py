@@ -288,10 +288,11 @@ class JournalctlReader:
 
     async def _run_once(self, stop: asyncio.Event) -> AsyncIterator[list[JournalEntry]]:
         use_pidfd_child_watcher()
-        if not await self._await_first_entry(stop):
+        go_on, tail = await self._await_first_entry(stop)
+        if not go_on:
             return
         if self.cursor is None and self.settings.follow and self.settings.start_at == "tail":
-            await self._pin_tail()  # following from now on: there is no backlog to catch up
+            await self._pin_tail(tail)  # following from now on: there is no backlog to catch up
         elif self._catches_up():
             # Once: after a failure the cursor is near the journal's end (the follower moves it
             # with every unit's entries), and a reload follows new units from now on.
@@ -553,49 +554,52 @@ class JournalctlReader:
             "the oldest entry after it, entries in between may be lost",
         )
 
-    async def _await_first_entry(self, stop: asyncio.Event) -> bool:
-        """Before journalctl follows a journal from no cursor, wait until it holds an entry;
-        False when `stop` came first.
+    async def _await_first_entry(self, stop: asyncio.Event) -> tuple[bool, str | None]:
+        """Before journalctl follows a journal from no cursor, wait until it holds an entry:
+        (False, None) when `stop` came first, else (True, the tail's cursor when the first
+        look found it at once, for `_pin_tail` to use rather than read again).
 
         journalctl 252 refuses to follow a directory without a journal file ("Data from the
         specified boot (+0) is not available"): journal-remote's before its first upload, say.
         That is no failure of the reader, so it is not restarted and counted as one: the
         journal is looked at every `backoff_s` instead, and what arrives first is all new."""
         if self.cursor is not None or not self.settings.follow:
-            return True
+            return True, None
         if resolve_source(self.settings.source) != "journalctl":
-            return True  # the native child follows an empty journal as it is
+            return True, None  # the native child follows an empty journal as it is
         said = False
         while not stop.is_set():
             try:
                 cursor, status = await self._tail()
             except TimeoutError:
-                return True  # journalctl did not answer: following tells what is wrong
+                return True, None  # journalctl did not answer: following tells what is wrong
             if status != 0:
-                return True  # not empty but unreadable: the follower fails, and says why
+                return True, None  # not empty but unreadable: the follower fails, says why
+            if cursor is not None and not said:
+                return True, cursor
             if cursor is not None:
-                if said:
-                    self.settings = dataclasses.replace(self.settings, start_at="head")
-                return True
+                self.settings = dataclasses.replace(self.settings, start_at="head")
+                return True, None
             if not said:
                 said = True
                 self._announce_following()
                 log.info("journal_empty", action="waiting for its first entry")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.backoff_s)
-        return False
+        return False, None
 
-    async def _pin_tail(self) -> None:
+    async def _pin_tail(self, tail: str | None = None) -> None:
         """Fix "the tail" now, as a cursor, before announcing that the journal is followed.
 
         `journalctl --follow --lines=0` finds the tail only once it has started, which can be
         long after the daemon said it was ready (a slow, sandboxed start): anything written in
         between was lost. Reading the last entry's cursor first makes the start point exact.
         An empty journal has no tail: then everything that arrives is new (`--no-tail`).
+        `tail`: that cursor, when it was read a moment ago (`_await_first_entry`).
         """
         # The last entry of the whole journal, whatever its unit: that is where following starts.
         try:
-            cursor = await self._last_cursor()
+            cursor = tail if tail is not None else await self._last_cursor()
         except TimeoutError:
             return
         if cursor is not None:
