@@ -14,14 +14,13 @@ is not running or not healthy (and nothing is halted).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -54,7 +53,7 @@ Scrape = Callable[[str], str | None]  # the daemon's /metrics text, or None with
 READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
 RUNNING_START = "vllm_supervisor_unit_start_timestamp_seconds"
 RUNNING_SERVING = "vllm_supervisor_unit_serving"
-_SAMPLE = re.compile(r'^(\w+)\{unit="((?:[^"\\]|\\.)*)"\} (\S+)$')
+_UNIT_LABEL = re.compile(r'unit="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -331,14 +330,7 @@ def ask_metrics(url: str) -> str | None:
 
 def reader_restarts_in(exposition: str) -> int:
     """The sum of the reader restart counter's series (every reason) in Prometheus text."""
-    total = 0.0
-    for line in exposition.splitlines():
-        if line.split("{", 1)[0].split(" ", 1)[0] != READER_RESTARTS:
-            continue
-        with contextlib.suppress(ValueError):
-            value = float(line.rsplit(" ", 1)[-1])
-            if math.isfinite(value) and value > 0:
-                total += value
+    total = sum(v for name, _, v in _samples(exposition) if name == READER_RESTARTS and v > 0)
     return int(min(total, 2**62))
 
 
@@ -347,18 +339,14 @@ def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
     for the units whose start the daemon read (a start of 0 is none running, or not seen)."""
     starts: dict[str, float] = {}
     serving: dict[str, bool] = {}
-    for line in exposition.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or match.group(1) not in (RUNNING_START, RUNNING_SERVING):
+    for name, labels, value in _samples(exposition):
+        match = _UNIT_LABEL.fullmatch(labels)
+        if match is None or name not in (RUNNING_START, RUNNING_SERVING):
             continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
+        if value <= 0 or utc(value) is None:  # 0: none running; past 9999: no time
             continue
-        if value <= 0 or utc(value) is None:  # 0: none running; NaN, inf, past 9999: no time
-            continue
-        unit = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), match[2])
-        if match.group(1) == RUNNING_START:
+        unit = re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), match[1])
+        if name == RUNNING_START:
             starts[unit] = value
         else:
             serving[unit] = True
@@ -366,6 +354,20 @@ def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
         unit: {"started": started, "serving": serving.get(unit, False)}
         for unit, started in starts.items()
     }
+
+
+def _samples(exposition: str) -> Iterator[tuple[str, str, float]]:
+    """(name, the text between its braces, value) of each line of Prometheus text whose value
+    is a finite number; whatever else answers on the port is passed over."""
+    for line in exposition.splitlines():
+        head, _, tail = line.rpartition(" ")
+        try:
+            value = float(tail)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            name, brace, labels = head.partition("{")
+            yield name.split(" ", 1)[0], labels.rpartition("}")[0] if brace else "", value
 
 
 def render_text(status: Status) -> str:
