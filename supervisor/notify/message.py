@@ -113,13 +113,13 @@ def _when(outcome: Outcome) -> str:
     ended = outcome.invocation.ended_us
     if ended is None:
         return "unknown"
-    return _utc(ended / 1e6, "%Y-%m-%d %H:%M:%S UTC")
+    return _utc(ended, "%Y-%m-%d %H:%M:%S UTC", per_second=1_000_000)
 
 
-def _utc(seconds: float, form: str) -> str:
+def _utc(value: float, form: str, *, per_second: int = 1) -> str:
     """A time read from the journal, which may lie beyond what a datetime can hold (a clock
     set to the year 300000 stamps its entries so)."""
-    when = utc(seconds)
+    when = utc(value, per_second=per_second)
     return "unknown" if when is None else when.strftime(form)
 
 
