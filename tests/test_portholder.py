@@ -35,6 +35,7 @@ from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.commands.gate import EXIT_QUARANTINED, gate_main
 from vllm_supervisor.config import Config, DriftConfig, UnitConfig
 from vllm_supervisor.decide.port_evidence import PortEvidence, port_of
+from vllm_supervisor.environment import ports
 from vllm_supervisor.environment.ports import (
     HIDDEN_UID,
     Holder,
@@ -68,6 +69,15 @@ from vllm_supervisor.model import (
 from vllm_supervisor.pipeline import Pipeline
 
 UNIT = "vllm.service"
+HOLDER_AGE_S = 0.3
+
+
+def _started_of(pid: int) -> list[float]:
+    """The start of a live process, as the holders' reading computes it."""
+    started = ports._started(ports.PROC, pid)
+    return [] if started is None else [started]
+
+
 OVERFLOW_UID = 65534
 # The daemon's namespace under PrivateUsers=yes on systemd 252 (its /proc/self/uid_map):
 # root and its own user (993) mapped, nobody else.
@@ -99,6 +109,13 @@ def _listen(family: str, *, as_uid: int | None = None) -> Iterator[Listening]:
     )
     assert process.stdout is not None
     port = int(process.stdout.readline())
+    # The tests' units start a moment (0.1 s) before their crash: a holder there before them
+    # must be older than that, which a fast machine's fork-to-listen does not make it.
+    wait_for(
+        lambda: all(time.time() - (h.started or 0.0) >= HOLDER_AGE_S for h in holders(port)),
+        timeout=10,
+        what="the listener to be older than the units' starts",
+    )
     try:
         yield Listening(process, port)
     finally:
@@ -534,6 +551,19 @@ class TestParsers:
         """starttime is field 22, after a command that may hold spaces and parentheses."""
         stat = "4242 (python3 (x) y) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 500 1"
         assert process_start(stat, "cpu 1 2\nbtime 1700000000\n", 100) == 1700000005.0
+        # The boot's time to the tick, where known, over btime's whole second.
+        booted = process_start(stat, "btime 1700000000\n", 100, booted=1699999999.25)
+        assert booted == 1700000004.25
+
+    def test_a_live_process_start_is_within_a_tick_of_its_fork(self) -> None:
+        before = time.time()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            started = next(iter(_started_of(child.pid)))
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+        assert before - 0.05 <= started <= time.time(), (before, started)
 
     @pytest.mark.parametrize(
         ("captures", "text", "configured", "port"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -258,11 +259,17 @@ def _started(proc: Path, pid: int) -> float | None:
         boot = (proc / "stat").read_text(errors="replace")
     except OSError:
         return None
-    return process_start(stat, boot, os.sysconf("SC_CLK_TCK"))
+    # btime is whole seconds: up to a second off, enough to call a holder that started after a
+    # unit's start older than it. The live clocks give the boot's time to the tick.
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) if proc == PROC else None
+    return process_start(stat, boot, os.sysconf("SC_CLK_TCK"), booted=booted)
 
 
-def process_start(stat: str, boot: str, ticks_per_s: int) -> float | None:
-    """Epoch seconds of a process's start from its stat line and the system's /proc/stat."""
+def process_start(
+    stat: str, boot: str, ticks_per_s: int, *, booted: float | None = None
+) -> float | None:
+    """Epoch seconds of a process's start from its stat line and the system's /proc/stat
+    (its btime, unless `booted` gives the boot's time more exactly)."""
     _, _, after_comm = stat.rpartition(")")  # the command may hold spaces and parentheses
     fields = after_comm.split()
     btime = None
@@ -272,6 +279,6 @@ def process_start(stat: str, boot: str, ticks_per_s: int) -> float | None:
     if len(fields) < 20 or btime is None or ticks_per_s <= 0:
         return None
     try:
-        return int(btime) + int(fields[19]) / ticks_per_s
+        return (booted if booted is not None else int(btime)) + int(fields[19]) / ticks_per_s
     except ValueError:
         return None
