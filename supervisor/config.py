@@ -84,6 +84,13 @@ class UnitConfig:
     repeat_window_s: float = 120.0
     port: int | None = None  # the port the server binds: preflight, and who holds it at a crash
     python: str | None = None  # the served unit's interpreter; default: read from ExecStart
+    # Pacing (supervisor.decide.pacing): from the 2nd crash in a row of starts that never served,
+    # the next start is held this long, doubling with each further crash up to pace_max_s; a
+    # start that serves, or runs pace_reset_s, ends the run of crashes. Kubernetes'
+    # CrashLoopBackOff is 10 s doubling to 5 min; a model that loads for 10 minutes wants longer.
+    pace_first_s: float = 60.0
+    pace_max_s: float = 3600.0
+    pace_reset_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,6 +340,13 @@ def validate(config: Config) -> Config:
         _positive(f"unit[{index}].unknown_repeat_limit", unit.unknown_repeat_limit)
         _positive(f"unit[{index}].hang_grace_s", unit.hang_grace_s)
         _positive(f"unit[{index}].repeat_window_s", unit.repeat_window_s)
+        for key in ("pace_first_s", "pace_max_s", "pace_reset_s"):
+            _positive(f"unit[{index}].{key}", getattr(unit, key))
+        if unit.pace_max_s < unit.pace_first_s:
+            raise ConfigError(
+                f"unit[{index}].pace_max_s: must be >= pace_first_s ({unit.pace_first_s:g}; "
+                f"got {unit.pace_max_s:g})"
+            )
         if unit.port is not None and not 0 < unit.port < 65536:
             raise ConfigError(f"unit[{index}].port: must be 1..65535 (got {unit.port})")
         if unit.health_url is not None:

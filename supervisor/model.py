@@ -67,6 +67,10 @@ class Action(StrEnum):
     """What the policy decided to do about an ended invocation."""
 
     HALT = "halt"
+    # Restart, but not before a delay that grows with each crash in a row (pacing), or not
+    # before a condition clears: the gate refuses starts until then and systemd starts the unit
+    # at the end (supervisor.actions.holds).
+    HOLD = "hold"
     ALLOW_RESTART = "allow-restart"
     OBSERVE = "observe"
 
@@ -77,7 +81,10 @@ class Taken(StrEnum):
     HALTED = "halted"  # quarantined, and systemd was told (stopped, or the gate refused it)
     QUARANTINED = "quarantined"  # quarantined; systemd was not told (disabled or failing)
     HALT_FAILED = "halt-failed"  # the quarantine could not be written
-    WOULD_HALT = "dry-run"  # a dry run: it would have halted
+    WOULD_HALT = "dry-run"  # a dry run: it would have halted (or held)
+    HELD = (
+        "held"  # its next start is held until a time: the gate refuses it, systemd starts it then
+    )
     RESTARTING = "restarting"  # systemd restarts it (its own Restart=)
     RESTARTED = "restarted"  # the supervisor restarted it (a hung engine; exit 0 after a crash)
     RESTART_FAILED = "restart-failed"
@@ -393,7 +400,7 @@ class Phase:
         if not self.served:
             return "before the server ever served"
         if self.serving_s is not None:
-            return f"after serving for {_duration(self.serving_s)}"
+            return f"after serving for {duration(self.serving_s)}"
         return "after serving"
 
 
@@ -410,7 +417,8 @@ def phase_of(invocation: Invocation, good_start_s: float, hint: str | None = Non
     return Phase(served=served, ran_s=ran, serving_s=serving_s, start_seen=invocation.start_seen)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A span of time as a person reads it: "45 s", "4 min", "1 h 0 min"."""
     minutes = int(seconds // 60)
     if minutes < 1:
         return f"{seconds:.0f} s"
@@ -472,6 +480,27 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Pace:
+    """A held start (`Action.HOLD`): how long the next start waits, and after how many crashes
+    in a row of starts that never served (supervisor.decide.pacing)."""
+
+    delay_s: float
+    crashes: int
+
+    @property
+    def first(self) -> bool:
+        """True for the hold that begins pacing: the one that is told."""
+        return self.crashes <= PACE_FIRST_CRASH
+
+    def to_json(self) -> dict[str, Any]:
+        return {"delay_s": self.delay_s, "crashes": self.crashes}
+
+
+# The crash in a row (of starts that never served) whose next start is the first one held.
+PACE_FIRST_CRASH = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """What to do about an ended invocation, and why."""
 
@@ -479,15 +508,19 @@ class Decision:
     reason: str  # in words, for a person: what the rule saw
     dry_run: bool = False
     rule: Rule = Rule.OTHER
+    pace: Pace | None = None  # with Action.HOLD
 
     def to_json(self) -> dict[str, Any]:
         """The `decision` object of the triage/history JSON contract."""
-        return {
+        said: dict[str, Any] = {
             "action": self.action.value,
             "reason": self.reason,
             "dry_run": self.dry_run,
             "rule": self.rule.value,
         }
+        if self.pace is not None:
+            said["hold"] = self.pace.to_json()
+        return said
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,6 +20,7 @@ from .classify.classifier import Classifier
 from .classify.determinism import verdict_of
 from .classify.signatures import SignatureTable
 from .config import Config
+from .decide.pacing import Schedule
 from .decide.policy import RestartPolicy
 from .decide.port_evidence import port_verdict
 from .model import (
@@ -244,6 +245,11 @@ class Pipeline:
             unknown_repeat_limit=unit.unknown_repeat_limit if unit else 3,
             halt_inferred=halt_inferred,
             repeat_window_s=unit.repeat_window_s if unit else 120.0,
+            schedule=Schedule(
+                first_s=unit.pace_first_s, max_s=unit.pace_max_s, reset_s=unit.pace_reset_s
+            )
+            if unit
+            else None,
             dry_run=self.config.is_dry_run(invocation.unit) if invocation.unit else False,
         )
         outcome = Outcome(

@@ -28,6 +28,7 @@ from .model import (
     Ending,
     Invocation,
     Outcome,
+    Pace,
     Rule,
     Severity,
     Taken,
@@ -85,6 +86,7 @@ def outcome_from_record(record: Mapping[str, Any]) -> Outcome:
         reason=str(raw_decision["reason"]),
         dry_run=bool(raw_decision.get("dry_run", False)),
         rule=Rule(raw_decision.get("rule", Rule.OTHER.value)),
+        pace=_pace(raw_decision.get("pace")),
     )
     return Outcome(
         invocation=invocation,
@@ -95,6 +97,13 @@ def outcome_from_record(record: Mapping[str, Any]) -> Outcome:
         taken_detail=str(record.get("taken_detail", "")),
         already_halted_by=record.get("already_halted_by"),
     )
+
+
+def _pace(raw: Any) -> Pace | None:
+    """A held start's pace, as `_fields` wrote it (None for a record of an earlier version)."""
+    if not isinstance(raw, Mapping):
+        return None
+    return Pace(delay_s=float(raw["delay_s"]), crashes=int(raw["crashes"]))
 
 
 def _invocation(raw: Mapping[str, Any]) -> Invocation:
@@ -133,6 +142,8 @@ def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _fields(value)
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, Mapping):

@@ -583,11 +583,12 @@ class TestHowAKillReads:
 
     def test_a_bare_sigkill_is_never_halted(self, empty: SignatureTable) -> None:
         """`code=killed, status=9/KILL` with no OOM message, in every start: someone's signal,
-        not a crash of the start; never halted, however often it repeats."""
+        not a crash of the start; never halted, however often it repeats (paced from the
+        second)."""
         killed = {"exit_code": "killed", "exit_status": 9, "result": "signal"}
         verdict = _judge(empty, list(self.LOADING), **killed)
         assert verdict.severity is Severity.TRANSIENT
-        assert self._loop(empty, False, **killed) == [Action.ALLOW_RESTART] * 3
+        assert self._loop(empty, False, **killed) == [Action.ALLOW_RESTART] + [Action.HOLD] * 2
 
     def test_systemds_own_start_timeout_is_no_outside_kill(self, empty: SignatureTable) -> None:
         """TimeoutStartSec= ran out and systemd killed the start (result 'timeout'): the same
@@ -596,4 +597,8 @@ class TestHowAKillReads:
         timeout = {"exit_code": "killed", "exit_status": 9, "result": "timeout"}
         verdict = _judge(empty, list(self.LOADING), **timeout)
         assert verdict.severity is Severity.UNKNOWN
-        assert self._loop(empty, False, **timeout) == [Action.ALLOW_RESTART] * 2 + [Action.HALT]
+        assert self._loop(empty, False, **timeout) == [
+            Action.ALLOW_RESTART,
+            Action.HOLD,  # paced, until the repeat rule settles it
+            Action.HALT,
+        ]

@@ -105,10 +105,15 @@ class TestDecisionTable:
 
     def test_a_hub_answering_500_restarts(self, table: SignatureTable) -> None:
         """transient: the model hub answers 500 Internal Server Error to every download (real
-        vLLM against a stand-in hub): the server's fault, not the start's; five restarts."""
+        vLLM against a stand-in hub): the server's fault, not the start's; five restarts,
+        paced from the second (an outage that outlasts a few starts is waited out, not
+        hammered), none halted."""
         verdict, decisions = _decide(table, label_of("265-real-vllm-hub-500.log"), repeats=5)
         assert (verdict.severity, verdict.basis) == (Severity.TRANSIENT, "inferred")
-        assert {(d.action, d.rule) for d in decisions} == {(Action.ALLOW_RESTART, "transient")}
+        assert [(d.action, d.rule) for d in decisions] == [(Action.ALLOW_RESTART, "transient")] + [
+            (Action.HOLD, "transient")
+        ] * 4
+        assert [d.pace.delay_s for d in decisions[1:] if d.pace] == [60.0, 120.0, 240.0, 480.0]
 
     def test_transient_inferred_restarts(self, table: SignatureTable) -> None:
         """transient (inferred): no signature (the Hugging Face set left out), the hub not
@@ -153,7 +158,7 @@ class TestDecisionTable:
         label = label_of("71-flashinfer-jit-ninja-bad-cuda-home.log")
         verdict, decisions = _decide(table, label, repeats=3)
         assert verdict.basis == "unknown" and verdict.confidence == "medium"
-        assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 2 + [Action.HALT]
+        assert [d.action for d in decisions] == [Action.ALLOW_RESTART, Action.HOLD, Action.HALT]
         assert [d.rule for d in decisions] == ["unknown_first", "unknown_first", "unknown_repeat"]
 
     @pytest.mark.parametrize(
@@ -171,11 +176,12 @@ class TestDecisionTable:
         """unknown_no_cause: no line of the start names its cause (a traceback cut before
         its exception, a wrapper that points elsewhere, nothing at all). Its repeats say only
         that the start fails the same way, as a hub outage or a kill does: a halt would rest
-        on nothing, so five are restarted and each decision says the cause is not known."""
+        on nothing, so five are restarted, paced from the second (never restarted forever at
+        systemd's pace either), and each decision says the cause is not known."""
         verdict, decisions = _decide(table, _startup(label_of(name)), repeats=5)
         assert verdict.basis == "unknown" and verdict.confidence == "low"
         assert verdict.root_cause is not None  # never "no crash found" for a failed start
-        assert [d.action for d in decisions] == [Action.ALLOW_RESTART] * 5
+        assert [d.action for d in decisions] == [Action.ALLOW_RESTART] + [Action.HOLD] * 4
         assert [d.rule for d in decisions] == ["unknown_first"] * 2 + ["unknown_no_cause"] * 3
         assert "no error line names its cause" in decisions[-1].reason
 

@@ -64,21 +64,21 @@ def verdict(
     [
         # A known fatal crash halts at once.
         (CRASHED, [verdict(Severity.FATAL)], [Action.HALT]),
-        # A transient crash is allowed to restart, however often.
-        (CRASHED, [verdict(Severity.TRANSIENT)] * 5, [Action.ALLOW_RESTART] * 5),
+        # A transient crash is allowed to restart, however often: paced from the second.
+        (CRASHED, [verdict(Severity.TRANSIENT)] * 5, [Action.ALLOW_RESTART] + [Action.HOLD] * 4),
         # The same unknown crash halts on the third consecutive invocation.
         (
             CRASHED,
             [verdict(Severity.UNKNOWN)] * 3,
-            [Action.ALLOW_RESTART, Action.ALLOW_RESTART, Action.HALT],
+            [Action.ALLOW_RESTART, Action.HOLD, Action.HALT],
         ),
-        # Different unknown crashes never add up.
+        # Different unknown crashes never add up to a halt; they are paced.
         (
             CRASHED,
             [verdict(Severity.UNKNOWN, f"fp{n}") for n in range(5)],
-            [Action.ALLOW_RESTART] * 5,
+            [Action.ALLOW_RESTART] + [Action.HOLD] * 4,
         ),
-        # A transient crash in between breaks the unknown streak.
+        # A transient crash in between breaks the unknown streak (not the pacing).
         (
             CRASHED,
             [
@@ -87,7 +87,7 @@ def verdict(
                 verdict(Severity.TRANSIENT),
                 verdict(Severity.UNKNOWN),
             ],
-            [Action.ALLOW_RESTART] * 4,
+            [Action.ALLOW_RESTART] + [Action.HOLD] * 3,
         ),
         # An exit 0 that shows a fatal crash in its lines is still a crash (vLLM #48966).
         (CLEAN, [verdict(Severity.FATAL)], [Action.HALT]),
@@ -233,13 +233,13 @@ class TestSecondIdenticalStartupCrash:
         self, leaning: Severity | None, times: tuple[float, float]
     ) -> None:
         """Without a deterministic lean, or when the second took another time, the second
-        crash restarts and the third identical one halts."""
+        crash restarts (paced) and the third identical one halts."""
         policy = RestartPolicy()
         actions = [
             policy.decide(_ended_after(seconds, f"{n}"), _leaning(leaning)).action
             for n, seconds in enumerate((*times, times[-1]))
         ]
-        assert actions == [Action.ALLOW_RESTART, Action.ALLOW_RESTART, Action.HALT]
+        assert actions == [Action.ALLOW_RESTART, Action.HOLD, Action.HALT]
 
     def test_the_time_survives_a_restart_of_the_daemon(self) -> None:
         """The first crash's time to crash is kept in the saved state."""

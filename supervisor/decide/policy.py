@@ -30,6 +30,11 @@ Rules, in order:
    timeout is a cause's record) never halts by repetition (`unknown_no_cause`): a hub outage
    or someone's kill repeats as identically, and a halt on nothing costs an outage where a
    missed one costs a reload.
+7. A crash allowed to restart (rules 4 to 6) is paced (supervisor.decide.pacing): from the 2nd
+   crash in a row of starts that never served, the decision is `hold`, the next start waiting a
+   delay that doubles with each further crash up to the unit's cap. A start that serves, or runs
+   `pace_reset_s`, a person's stop and a reboot end the run of crashes. So every loop ends:
+   halted on evidence, or paced.
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
@@ -39,6 +44,7 @@ daemon can persist it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +56,14 @@ from ..model import (
     Decision,
     Evidence,
     Invocation,
+    Pace,
     Phase,
     Rule,
     Severity,
     Verdict,
+    duration,
 )
+from .pacing import Schedule
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
 # Two startup crashes "after about the same time": within this factor, or this many seconds.
@@ -76,6 +85,7 @@ class _Streak:
     fingerprint: str | None = None
     count: int = 0
     ran_s: float | None = None  # the last crash's time from start to end, when known
+    crashes: int = 0  # crashes in a row of starts that never served (pacing)
 
 
 def _seconds_or_none(value: object) -> float | None:
@@ -96,10 +106,12 @@ class RestartPolicy:
         for unit, value in (state or {}).items():
             if isinstance(value, dict):
                 count, ran_s = value.get("count", 0), value.get("ran_s")
+                crashes = value.get("crashes", 0)
                 self._streaks[unit] = _Streak(
                     value.get("fingerprint"),
                     count if isinstance(count, int) else 0,
                     _seconds_or_none(ran_s),
+                    crashes if isinstance(crashes, int) and not isinstance(crashes, bool) else 0,
                 )
 
     def decide(
@@ -111,6 +123,7 @@ class RestartPolicy:
         unknown_repeat_limit: int = DEFAULT_UNKNOWN_REPEAT_LIMIT,
         halt_inferred: bool = True,
         repeat_window_s: float = 120.0,
+        schedule: Schedule | None = None,
         dry_run: bool = False,
     ) -> Decision:
         """The decision for one ended invocation and its evidence (supervisor.model.Evidence,
@@ -120,7 +133,33 @@ class RestartPolicy:
         )
         rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
         decision = self._decide(invocation, verdict, evidence, rules)
+        decision = self._paced(invocation, decision, evidence.phase, schedule or Schedule())
         return _as_dry_run(decision) if dry_run else decision
+
+    def _paced(
+        self, invocation: Invocation, decision: Decision, phase: Phase, schedule: Schedule
+    ) -> Decision:
+        """Rule 7: a crash allowed to restart, in a run of starts that never served, holds
+        the next start (supervisor.decide.pacing); the run of crashes is counted here."""
+        streak = self._streaks.setdefault(invocation.unit, _Streak())
+        if decision.action is Action.OBSERVE:
+            if ENDINGS[invocation.ending].resets_streak or decision.rule is Rule.CLEAN_EXIT:
+                streak.crashes = 0
+            return decision
+        if decision.action is not Action.ALLOW_RESTART or schedule.ends_the_run(phase):
+            streak.crashes = 0  # a halt ends the loop; a start that served ends the run
+            return decision
+        streak.crashes += 1
+        delay = schedule.delay(streak.crashes)
+        if delay is None:
+            return decision
+        return Decision(
+            action=Action.HOLD,
+            reason=f"{decision.reason}; paced: {streak.crashes} crashes in a row of starts that "
+            f"never served, so the next start waits {duration(delay)}",
+            rule=decision.rule,
+            pace=Pace(delay_s=delay, crashes=streak.crashes),
+        )
 
     def _decide(
         self, invocation: Invocation, verdict: Verdict, evidence: Evidence, rules: _Rules
@@ -240,7 +279,12 @@ class RestartPolicy:
     def state(self) -> dict[str, dict[str, Any]]:
         """The policy's memory, for the state database."""
         return {
-            unit: {"fingerprint": s.fingerprint, "count": s.count, "ran_s": s.ran_s}
+            unit: {
+                "fingerprint": s.fingerprint,
+                "count": s.count,
+                "ran_s": s.ran_s,
+                "crashes": s.crashes,
+            }
             for unit, s in self._streaks.items()
             if unit is not None
         }
@@ -268,13 +312,12 @@ def _names_no_cause(invocation: Invocation, verdict: Verdict) -> bool:
 
 
 def _as_dry_run(decision: Decision) -> Decision:
-    """The decision as dry run reports it: marked, and a halt says it would halt."""
-    if decision.action is Action.HALT:
-        reason = f"dry run, would halt: {decision.reason}"
-        return Decision(action=Action.HALT, reason=reason, dry_run=True, rule=decision.rule)
-    return Decision(
-        action=decision.action, reason=decision.reason, dry_run=True, rule=decision.rule
-    )
+    """The decision as dry run reports it: marked, and a halt (a hold) says it would halt
+    (hold)."""
+    reason = decision.reason
+    if decision.action in (Action.HALT, Action.HOLD):
+        reason = f"dry run, would {decision.action.value}: {reason}"
+    return dataclasses.replace(decision, reason=reason, dry_run=True)
 
 
 def _observe(rule: Rule, reason: str) -> Decision:
