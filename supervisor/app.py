@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import structlog
 from .actions.actor import Actor
 from .actions.gatekeeper import GateServer, socket_path
 from .actions.halt import Halter
+from .actions.holds import Holds, hold_dir
 from .actions.installed import InstalledUnits
 from .actions.lanes import Lanes
 from .actions.quarantine import (
@@ -136,6 +138,7 @@ async def _run(
         control,
         metrics,
         gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
+        holds=Holds(hold_dir(config.state.runtime_dir)),
     )
     hangs = HangWatcher(config, systemd=control)
     # Per-unit metric series only for the units systemd has (see actions.installed).
@@ -198,6 +201,8 @@ async def _run(
 
     def refresh_halted() -> None:
         metrics.halted_units(quarantined_units(config))
+        holds = Holds(hold_dir(config.state.runtime_dir)).all()
+        metrics.held_units({unit: hold.until for unit, hold in holds.items()}, time.time())
 
     def before_scrape() -> None:
         installed.wake()  # units configured by a reload are asked about

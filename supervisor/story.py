@@ -1,7 +1,7 @@
 """One vocabulary for what was decided and done about an ended invocation, shared by every
 renderer (history, triage, Slack, Alertmanager, the demo), so one event tells one story.
 
-The words are the contract's own: a decision is `halt`, `allow-restart` or `observe`
+The words are the contract's own: a decision is `halt`, `hold`, `allow-restart` or `observe`
 (`decision.action`); what was done is a `Taken` value (`halted`, `down`, ...). A line says
 both when they differ ("allow-restart → down: ..."), and only what was done when it is what the
 decision leads to. `triage` acts on nothing, so it says what the daemon would decide. A value
@@ -21,6 +21,7 @@ DONE: dict[str, str] = {
     Taken.QUARANTINED.value: "its gate refuses the next start, but systemd was not told",
     Taken.HALT_FAILED.value: "the quarantine could not be written; systemd may start it again",
     Taken.WOULD_HALT.value: "no action taken, it would have been halted",
+    Taken.HELD.value: "its next start waits until the hold ends; systemd starts it then",
     Taken.RESTARTING.value: "systemd restarts it",
     Taken.RESTARTED.value: "restarted by the supervisor (systemd would not have)",
     Taken.RESTART_FAILED.value: "the restart failed; the server stays down",
@@ -33,6 +34,7 @@ DONE: dict[str, str] = {
 # What a decision leads to when carried out as decided (a dry run's halt included).
 _LEADS_TO: dict[str, frozenset[str]] = {
     Action.HALT.value: frozenset({Taken.HALTED.value, Taken.WOULD_HALT.value}),
+    Action.HOLD.value: frozenset({Taken.HELD.value, Taken.WOULD_HALT.value}),
     Action.ALLOW_RESTART.value: frozenset({Taken.RESTARTING.value}),
     Action.OBSERVE.value: frozenset({Taken.OBSERVED.value}),
 }

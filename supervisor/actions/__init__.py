@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from .comeback import SupervisorUnit, ask_about, coming_back
     from .evidence import changed, still_holds
     from .gatekeeper import Reply, ask, socket_path
+    from .holds import (
+        Hold,
+        Holds,
+        active_hold,
+        arm_once,
+        disarm_once,
+        hold_dirs,
+        holds_of,
+        start_once,
+    )
     from .preflight import run_preflight
     from .quarantine import (
         DEFAULT_DIRS,
@@ -29,21 +39,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DIRS",
+    "Hold",
+    "Holds",
     "Quarantine",
     "Reply",
     "SupervisorUnit",
     "SystemdClient",
+    "active_hold",
+    "arm_once",
     "ask",
     "ask_about",
     "ask_once",
     "changed",
     "coming_back",
+    "disarm_once",
+    "hold_dirs",
+    "holds_of",
     "quarantine_dir",
     "quarantine_dirs",
     "quarantine_records",
     "real_name",
     "run_preflight",
     "socket_path",
+    "start_once",
     "still_holds",
 ]
 
@@ -51,6 +69,14 @@ __getattr__ = exports(
     __name__,
     {
         "DEFAULT_DIRS": "quarantine",
+        "Hold": "holds",
+        "Holds": "holds",
+        "active_hold": "holds",
+        "arm_once": "holds",
+        "disarm_once": "holds",
+        "hold_dirs": "holds",
+        "holds_of": "holds",
+        "start_once": "holds",
         "Quarantine": "quarantine",
         "Reply": "gatekeeper",
         "SupervisorUnit": "comeback",

@@ -7,6 +7,11 @@ systemd whether it is (supervisor.actions.presence), then:
   quarantine (the gate's record), then StopUnit unless the unit is down already or its gate
   is waiting on us (the gate refuses the start itself: a StopUnit then would kill
   the gate and fail the unit);
+- hold (a paced loop): the hold record with its deadline, which the unit's gate turns into a
+  refused start and a systemd timer that starts the unit at the deadline (supervisor.actions
+  .holds); a unit nothing would restart (RemainAfterExit=, an exit 0 under Restart=on-failure)
+  is restarted into its gate, which holds it; a hold that cannot be written restarts at
+  systemd's pace, as before pacing;
 - allow-restart: nothing, systemd restarts it; but a hung engine (the unit stays active) and a
   crash that exited 0 (systemd sees success and, under `Restart=on-failure`, leaves it down)
   are restarted here;
@@ -23,16 +28,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
+from typing import assert_never
 
 import structlog
 
 from ..errors import SystemdError
-from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState
+from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState, duration
 from ..seams import UnitStateSource
 from ..telemetry.metrics import Metrics
 from ..util.aio import Nursery
 from .halt import Halter, HaltResult
+from .holds import Hold, Holds
 from .presence import Here, Judgement, Presence, judge
 
 log = structlog.get_logger(__name__)
@@ -53,8 +61,13 @@ class Actor:
         *,
         gate_waiting: Callable[[str], bool] = lambda unit: False,
         state_timeout_s: float = STATE_TIMEOUT_S,
+        holds: Holds | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """`holds` is where held starts are recorded; None: holds restart at systemd's pace."""
         self.halter = halter
+        self._holds = holds
+        self._wall = wall
         self._systemd = systemd
         self._metrics = metrics
         self._gate_waiting = gate_waiting
@@ -73,9 +86,66 @@ class Actor:
         judgement = judge(outcome.invocation, await self._state(unit), here)
         if not judgement.actable and judgement.presence is not Presence.DOWN:
             return _history(outcome, judgement)
-        if decision.action is Action.HALT:
-            return await self._halt(unit, outcome, judgement)
-        return await self._allow_restart(unit, outcome, judgement)
+        match decision.action:
+            case Action.HALT:
+                return await self._halt(unit, outcome, judgement)
+            case Action.HOLD:
+                return await self._hold(unit, outcome, judgement)
+            case Action.ALLOW_RESTART:
+                return await self._allow_restart(unit, outcome, judgement)
+        assert_never(decision.action)
+
+    async def _hold(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:
+        decision = outcome.decision
+        pace = decision.pace
+        delay_s = pace.delay_s if pace is not None else 0.0
+        if decision.dry_run:
+            return _taken(
+                outcome,
+                Taken.WOULD_HALT,
+                f"dry run: would hold its next start {duration(delay_s)} ({judgement.reason})",
+            )
+        if self._holds is None:
+            return await self._allow_restart(unit, outcome, judgement)
+        now = self._wall()
+        hold = Hold(
+            unit=unit,
+            until=now + delay_s,
+            since=now,
+            crashes=pace.crashes if pace is not None else 0,
+            reason=decision.reason,
+            rule=decision.rule.value,
+            invocation_id=outcome.invocation.invocation_id,
+            signature=outcome.verdict.signature,
+        )
+        try:
+            await self._holds.write(hold)
+        except OSError as exc:
+            log.error("hold_failed", unit=unit, error=str(exc))
+            restarted = await self._allow_restart(unit, outcome, judgement)
+            return _taken(
+                restarted,
+                restarted.taken,
+                f"the hold could not be written ({exc.strerror}): {restarted.taken_detail}",
+            )
+        self._metrics.held(unit, decision.rule, hold.until)
+        until = time.strftime("%H:%M:%S UTC", time.gmtime(hold.until))
+        detail = f"next start held until {until} ({duration(delay_s)}; {judgement.reason})"
+        log.warning(
+            "unit_held",
+            unit=unit,
+            invocation_id=outcome.invocation.invocation_id,
+            until=until,
+            crashes=hold.crashes,
+            rule=decision.rule.value,
+            action=f"its gate refuses starts until {until}; systemd starts it then",
+        )
+        restarted = await self._allow_restart(unit, outcome, judgement)
+        if restarted.taken is Taken.RESTARTED:
+            detail = f"{detail}; restarted into its gate, which holds it"
+        elif restarted.taken is Taken.DOWN:
+            detail = f"{detail}; {restarted.taken_detail}"
+        return _taken(outcome, Taken.HELD, detail)
 
     async def _halt(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:
         # A unit that nothing restarts (Restart=no) is still started again by a timer, a

@@ -47,6 +47,7 @@ _ERROR_MAP: Final[Mapping[str, tuple[str, bool]]] = {
     "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired": ("access_denied", False),
     "org.freedesktop.systemd1.NoSuchUnit": ("no_such_unit", False),
     "org.freedesktop.systemd1.LoadFailed": ("no_such_unit", False),
+    "org.freedesktop.systemd1.UnitExists": ("unit_exists", False),
     "org.freedesktop.DBus.Error.NoReply": ("timeout", True),
     "org.freedesktop.DBus.Error.Timeout": ("timeout", True),
     "org.freedesktop.DBus.Error.TimedOut": ("timeout", True),
@@ -112,6 +113,55 @@ class SystemdClient:
         """Restart `unit` (job mode "replace"); the job path."""
         body = await self._call(MANAGER_PATH, MANAGER_IFACE, "RestartUnit", "ss", [unit, "replace"])
         return str(body[0])
+
+    async def start_unit(self, unit: str) -> str:
+        """Start `unit` (job mode "replace"); the job path."""
+        body = await self._call(MANAGER_PATH, MANAGER_IFACE, "StartUnit", "ss", [unit, "replace"])
+        return str(body[0])
+
+    async def start_transient_timer(
+        self, name: str, *, description: str, on_calendar: str, argv: Sequence[str]
+    ) -> str:
+        """Start the transient timer `name` (".timer") that fires once at `on_calendar` and
+        runs `argv` as root in the transient service of the same name (a timer triggers its
+        own name's service; a transient one can name no other). Both go away once done. The job
+        path; `unit_exists` when a unit of that name is loaded already."""
+        service = name.removesuffix(".timer") + ".service"
+        timer_props = [
+            ("Description", Variant("s", description)),
+            ("TimersCalendar", Variant("a(ss)", [("OnCalendar", on_calendar)])),
+            # Not the default minute: a start held until 10:42:00 comes at 10:42:00.
+            ("AccuracyUSec", Variant("t", 1_000_000)),
+            ("RemainAfterElapse", Variant("b", False)),
+            ("Persistent", Variant("b", False)),
+        ]
+        service_props = [
+            ("Description", Variant("s", description)),
+            ("Type", Variant("s", "oneshot")),
+            ("ExecStart", Variant("a(sasb)", [(argv[0], list(argv), False)])),
+        ]
+        body = await self._call(
+            MANAGER_PATH,
+            MANAGER_IFACE,
+            "StartTransientUnit",
+            "ssa(sv)a(sa(sv))",
+            [name, "fail", timer_props, [(service, service_props)]],
+        )
+        return str(body[0])
+
+    async def units_matching(self, patterns: Sequence[str]) -> list[tuple[str, str]]:
+        """The loaded units whose names match the shell `patterns`: (name, active state)."""
+        body = await self._call(
+            MANAGER_PATH, MANAGER_IFACE, "ListUnitsByPatterns", "asas", [[], list(patterns)]
+        )
+        try:
+            return [(str(row[0]), str(row[3])) for row in body[0]]
+        except (TypeError, IndexError) as exc:
+            raise SystemdError(
+                f"ListUnitsByPatterns: unexpected reply: {exc}",
+                reason="dbus_error",
+                retryable=False,
+            ) from exc
 
     async def unit_state(self, unit: str) -> UnitState:
         """The unit's current state; `no_such_unit` when systemd knows no such unit file."""

@@ -8,6 +8,11 @@ defaults, runtime and persistent. It fails closed on a quarantine record only (o
 be read or parsed included); a config it cannot load, a directory it cannot search, a daemon
 that does not answer or a fault of its own let the start go, with one line that says so.
 
+A held start (supervisor.actions.holds: a paced loop's next start waits until a deadline) is
+refused too, once systemd holds the timer that starts the unit at that deadline; a hold whose
+timer systemd will not take lets the start go, with one line (it would otherwise end only when
+a person acts).
+
 Before it reads the records it waits for the running daemon to have decided the unit's last run
 (supervisor.actions.gatekeeper), bounded by `gate.wait_s`: at any `RestartSec=`, even 0, the
 start after a fatal crash is refused, not let through. With no daemon running it asks systemd
@@ -30,19 +35,26 @@ from typing import Any, TextIO
 
 from ..actions import (
     DEFAULT_DIRS,
+    Holds,
     Quarantine,
     Reply,
     SupervisorUnit,
+    active_hold,
+    arm_once,
     ask,
     ask_about,
     changed,
     coming_back,
+    disarm_once,
+    hold_dirs,
     quarantine_dirs,
     socket_path,
+    start_once,
     still_holds,
 )
 from ..config import DEFAULT_RUNTIME_DIR, SUPERVISOR_UNIT, Config, load_config
-from ..errors import SupervisorError
+from ..errors import SupervisorError, SystemdError
+from ..model import duration
 from ..util.text import visible
 from .options import config_path
 
@@ -266,7 +278,44 @@ def _check_records(
             _say(f"{unit}: {holder}", file=stream)
         _say(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
-    return None
+    return _check_holds(unit, runtime_dir, defaults, stream)
+
+
+def _check_holds(
+    unit: str, runtime_dir: Path, defaults: Sequence[Path], stream: TextIO
+) -> int | None:
+    """EXIT_QUARANTINED while the unit's start is held and systemd holds the start at the
+    hold's deadline; None (the start goes on) otherwise."""
+    now = time.time()
+    try:
+        hold = active_hold(unit, hold_dirs(runtime_dir, defaults), now)
+    except OSError as exc:
+        _say(f"{unit}: cannot read its hold ({exc.strerror}): start allowed", file=stream)
+        return None
+    if hold is None:
+        return None
+    when = f"{_utc(hold.until)} (in {duration(hold.left_s(now))})"
+    try:
+        timer = arm_once(hold)
+    except (SystemdError, OSError, TimeoutError) as exc:
+        _say(
+            f"{unit}: start allowed: it is held until {when}, but systemd would not take the "
+            f"start at that time ({exc}); a hold nothing would end is no hold",
+            file=stream,
+        )
+        return None
+    _say(
+        f"{unit}: start held until {when}: paced after {hold.crashes} crashes in a row of "
+        f"starts that never served ({hold.rule or 'unknown rule'}); systemd starts it then "
+        f"({timer})",
+        file=stream,
+    )
+    _say(f"start it now with: vllm-supervisor release {unit}", file=stream)
+    return EXIT_QUARANTINED
+
+
+def _utc(when: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(when))
 
 
 def _lifted(
@@ -311,11 +360,52 @@ def release_main(
         if record is not None:
             released += 1
             _say(f"released {unit} ({directory}): {_summary(record)}", file=stream)
-    if released:
+    held = _release_holds(unit, runtime_dir, defaults, stream)
+    if released or held:
         _tell_released(unit, runtime_dir)
+    if held and not released:
+        return _start_now(unit, stream)
+    if released:
         _say(f"start it again with: systemctl start {unit}", file=stream)
     else:
         _say(f"{unit} is not quarantined", file=stream)
+    return 0
+
+
+def _release_holds(unit: str, runtime_dir: Path, defaults: Sequence[Path], stream: TextIO) -> bool:
+    """End the unit's holds (records and timers); True when one was removed."""
+    held = False
+    for directory in hold_dirs(runtime_dir, defaults):
+        try:
+            hold = Holds(directory).remove(unit)
+        except OSError as exc:
+            _say(f"{unit}: cannot end its hold in {directory}: {exc.strerror}", file=sys.stderr)
+            continue
+        if hold is not None:
+            held = True
+            _say(
+                f"ended the hold of {unit} ({directory}): it was held until {_utc(hold.until)}",
+                file=stream,
+            )
+    if held:
+        try:
+            disarm_once(unit)
+        except (SystemdError, OSError, TimeoutError) as exc:
+            _say(f"{unit}: its held start's timer was not stopped ({exc})", file=sys.stderr)
+    return held
+
+
+def _start_now(unit: str, stream: TextIO) -> int:
+    """Start a unit whose hold `release` ended (a hold's start was to come anyway)."""
+    try:
+        start_once(unit)
+    except (SystemdError, OSError, TimeoutError) as exc:
+        _say(
+            f"{unit}: could not start it ({exc}); start it with: systemctl start {unit}",
+            file=sys.stderr,
+        )
+        return 1
+    _say(f"started {unit}", file=stream)
     return 0
 
 

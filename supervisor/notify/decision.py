@@ -62,6 +62,7 @@ class NotifyReason(StrEnum):
     GROUPED = "grouped"  # folded with the transient crashes of its unit and signature
     BACKLOG = "backlog"  # read late: folded into the unit's summary of its backlog
     FOLDED = "folded"  # a crash while the unit's halt stood: that halt's message told it
+    PACED = "paced"  # a crash of a loop already paced: the message that began pacing told it
 
     @property
     def tells(self) -> bool:
@@ -77,6 +78,9 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
         return NotifyReason.NOT_NEWS
     if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
         return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
+    pace = outcome.decision.pace
+    if outcome.taken is Taken.HELD and pace is not None and not pace.first:
+        return NotifyReason.PACED  # one message when pacing begins, never one per crash
     key = group_key(outcome)
     if key is None:
         return NotifyReason.ALONE

@@ -155,12 +155,13 @@ class Outbox:
         reason = self._telling(outcome)
         if reason is NotifyReason.MUTED:
             self._metrics.notification("dropped", self._name)
-        if reason is NotifyReason.FOLDED:
+        if reason in (NotifyReason.FOLDED, NotifyReason.PACED):
             self._metrics.notification("folded", self._name)
             inv = outcome.invocation
 
             def folded(db: sqlite3.Connection) -> None:
-                # Told by the message of the halt that stands: the story's one message.
+                # Told by the message of the halt that stands (or of the pacing that began):
+                # the story's one message.
                 History(db).mark_notified([(inv.unit, inv.invocation_id)])
 
             return folded

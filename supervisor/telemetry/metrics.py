@@ -206,6 +206,18 @@ class Metrics:
         self._halted = self._gauge(
             "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
         )
+        self._holds = self._counter(
+            "holds_total",
+            "Starts held by pacing (a crash loop neither proven fatal nor serving), by the rule "
+            "that allowed the restart.",
+            ["unit", "rule"],
+        )
+        self._held_until = self._gauge(
+            "unit_held_until_timestamp_seconds",
+            "Unix time the unit's held start runs (systemd's timer starts it then); 0 while "
+            "no start is held. Read from the hold records at each scrape.",
+            ["unit"],
+        )
         self._start = self._gauge(
             "unit_start_timestamp_seconds",
             "Unix time PID 1 started the unit's running invocation; 0 while none runs, its "
@@ -439,6 +451,21 @@ class Metrics:
     def units_halted(self, unit: str, halted: bool) -> None:
         """Set whether a unit is quarantined (at start-up, on halt, on release)."""
         self._halted.labels(self._unit(unit)).set(1 if halted else 0)
+
+    def held(self, unit: str, rule: Rule, until: float) -> None:
+        """Count a held start and show its time."""
+        label = self._unit(unit)
+        self._holds.labels(label, rule.value).inc()
+        self._held_until.labels(label).set(until)
+
+    def held_units(self, holds: Mapping[str, float], now: float) -> None:
+        """Set `unit_held_until_timestamp_seconds` of every known unit from the holds that
+        stand now (an expired or released one shows 0)."""
+        standing = {unit: until for unit, until in holds.items() if until > now}
+        for unit in self._units - {UNKNOWN}:
+            self._held_until.labels(unit).set(standing.get(unit, 0.0))
+        for unit in standing.keys() - self._units:
+            self._held_until.labels(self._unit(unit)).set(standing[unit])
 
     def halted_units(self, quarantined: set[str]) -> None:
         """Set `unit_halted` of every known unit from the quarantine records that exist now
