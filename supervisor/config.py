@@ -84,9 +84,9 @@ class UnitConfig:
     repeat_window_s: float = 120.0
     port: int | None = None  # the port the server binds: preflight, and who holds it at a crash
     python: str | None = None  # the served unit's interpreter; default: read from ExecStart
-    # Pacing (supervisor.decide.pacing): from the 2nd crash in a row of starts that never served,
-    # the next start is held this long, doubling with each further crash up to pace_max_s; a
-    # start that serves, or runs pace_reset_s, ends the run of crashes. Kubernetes'
+    # Pacing (supervisor.decide.pacing): from the 2nd crash in a row of starts that each ended
+    # within pace_reset_s, the next start is held pace_first_s, doubling with each further crash
+    # up to pace_max_s; a start that runs pace_reset_s ends the run of crashes. Kubernetes'
     # CrashLoopBackOff is 10 s doubling to 5 min; a model that loads for 10 minutes wants longer.
     pace_first_s: float = 60.0
     pace_max_s: float = 3600.0

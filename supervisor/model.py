@@ -477,12 +477,15 @@ class Evidence:
     # (supervisor.environment.drift).
     drift: tuple[str, ...] = ()
     port: PortHeld | None = None
+    # The listen address a start-up crash could not bind, not on this host now
+    # (supervisor.decide.address_evidence).
+    address: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pace:
     """A held start (`Action.HOLD`): how long the next start waits, and after how many crashes
-    in a row of starts that never served (supervisor.decide.pacing)."""
+    in a row of starts that each ended within the pacing's reset (supervisor.decide.pacing)."""
 
     delay_s: float
     crashes: int
@@ -496,7 +499,7 @@ class Pace:
         return {"delay_s": self.delay_s, "crashes": self.crashes}
 
 
-# The crash in a row (of starts that never served) whose next start is the first one held.
+# The crash in a row (of starts that ended within the reset) whose next start is the first held.
 PACE_FIRST_CRASH = 2
 
 

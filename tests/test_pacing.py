@@ -89,7 +89,7 @@ class TestSchedule:
         paced, 8 starts take the first 12,190 s (610, 660, 720, 840, 1080, 1560, 2520, 4200:
         each load plus its hold), then one every 4,200 s (the load and the hour's cap)."""
         paced = Schedule().starts_per_day(600.0, 10.0)
-        assert SECONDS_PER_DAY / 610.0 == pytest.approx(141.6, abs=0.1)
+        assert pytest.approx(141.6, abs=0.1) == SECONDS_PER_DAY / 610.0
         assert paced == pytest.approx(8 + (SECONDS_PER_DAY - 12190) / 4200)
 
     @given(
@@ -124,6 +124,14 @@ class TestPolicyPaces:
         served = policy.decide(CRASHED, TRANSIENT, SERVED)
         assert served.action is Action.ALLOW_RESTART
         assert _loop(policy, 2, TRANSIENT) == [None, 60]
+
+    def test_a_start_that_served_a_moment_is_still_in_the_loop(self) -> None:
+        """Crashed 5 s after it served (the first request, every time): paced, not restarted
+        at systemd's pace all day."""
+        policy = RestartPolicy()
+        brief = Evidence(phase=Phase(served=True, ran_s=65.0, serving_s=5.0))
+        actions = [policy.decide(CRASHED, TRANSIENT, brief).action for _ in range(3)]
+        assert actions == [Action.ALLOW_RESTART, Action.HOLD, Action.HOLD]
 
     def test_a_start_that_ran_past_the_reset_ends_the_run(self) -> None:
         policy, schedule = RestartPolicy(), Schedule(reset_s=600.0)

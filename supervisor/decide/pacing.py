@@ -3,10 +3,11 @@
 A crash loop the evidence does not prove fatal is not halted for good (a wrong halt costs an
 outage), nor restarted at systemd's pace forever (about 100 starts in 5 minutes at
 `RestartSec=1s`, each of them minutes of GPUs loading weights). From the 2nd crash in a row of
-starts that never served, the next start is held for a delay that doubles with each further
-crash, up to a cap, and comes back by itself (Kubernetes' CrashLoopBackOff, with delays sized
-for models that load for minutes). A start that serves, or runs `reset_s`, ends the run of
-crashes. The delay is this module's; the mechanism that holds the start is the actions'
+starts that each ended within `reset_s`, the next start is held for a delay that doubles with
+each further crash, up to a cap, and comes back by itself (Kubernetes' CrashLoopBackOff, with
+delays sized for models that load for minutes). A start that runs `reset_s` (10 minutes:
+Kubernetes resets its back-off after 10 minutes of running too), serving or loading, ends the
+run of crashes. The delay is this module's; the mechanism that holds the start is the actions'
 (supervisor.actions.holds: the gate refuses, a systemd timer starts the unit at the deadline).
 """
 
@@ -37,8 +38,12 @@ class Schedule:
         return min(self.first_s * self.factor**steps, self.max_s)
 
     def ends_the_run(self, phase: Phase) -> bool:
-        """True when this start served or ran long enough: its crash starts a new count."""
-        return phase.served or (phase.ran_s is not None and phase.ran_s >= self.reset_s)
+        """True when this start ran `reset_s` (served or not): its crash starts a new count.
+        A start that served a moment (the first request crashes it) is still a loop: a server
+        that crashes 5 s after it serves restarted at systemd's pace all day before."""
+        if phase.ran_s is not None:
+            return phase.ran_s >= self.reset_s
+        return phase.served  # its start unseen: that it served is all that is known
 
     def starts_per_day(self, run_s: float, restart_s: float) -> float:
         """How many starts a loop makes in a day under this schedule, each start running

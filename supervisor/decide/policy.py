@@ -31,10 +31,10 @@ Rules, in order:
    or someone's kill repeats as identically, and a halt on nothing costs an outage where a
    missed one costs a reload.
 7. A crash allowed to restart (rules 4 to 6) is paced (supervisor.decide.pacing): from the 2nd
-   crash in a row of starts that never served, the decision is `hold`, the next start waiting a
-   delay that doubles with each further crash up to the unit's cap. A start that serves, or runs
-   `pace_reset_s`, a person's stop and a reboot end the run of crashes. So every loop ends:
-   halted on evidence, or paced.
+   crash in a row of starts that ended within `pace_reset_s` (10 minutes), the decision is
+   `hold`, the next start waiting a delay that doubles with each further crash up to the unit's
+   cap. A start that runs `pace_reset_s`, a person's stop and a reboot end the run of crashes.
+   So every loop ends: halted on evidence, or paced.
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
@@ -85,7 +85,7 @@ class _Streak:
     fingerprint: str | None = None
     count: int = 0
     ran_s: float | None = None  # the last crash's time from start to end, when known
-    crashes: int = 0  # crashes in a row of starts that never served (pacing)
+    crashes: int = 0  # crashes in a row of starts that ended within the reset (pacing)
 
 
 def _seconds_or_none(value: object) -> float | None:
@@ -139,8 +139,8 @@ class RestartPolicy:
     def _paced(
         self, invocation: Invocation, decision: Decision, phase: Phase, schedule: Schedule
     ) -> Decision:
-        """Rule 7: a crash allowed to restart, in a run of starts that never served, holds
-        the next start (supervisor.decide.pacing); the run of crashes is counted here."""
+        """Rule 7: a crash allowed to restart, in a run of starts that each ended within the
+        reset, holds the next start (supervisor.decide.pacing); the run is counted here."""
         streak = self._streaks.setdefault(invocation.unit, _Streak())
         if decision.action is Action.OBSERVE:
             if ENDINGS[invocation.ending].resets_streak or decision.rule is Rule.CLEAN_EXIT:
@@ -155,8 +155,9 @@ class RestartPolicy:
             return decision
         return Decision(
             action=Action.HOLD,
-            reason=f"{decision.reason}; paced: {streak.crashes} crashes in a row of starts that "
-            f"never served, so the next start waits {duration(delay)}",
+            reason=f"{decision.reason}; paced: {streak.crashes} crashes in a row, each within "
+            f"{duration(schedule.reset_s)} of its start, so the next start waits "
+            f"{duration(delay)}",
             rule=decision.rule,
             pace=Pace(delay_s=delay, crashes=streak.crashes),
         )
