@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("gate", "ExecCondition check: exit 1 while UNIT is quarantined"),
         ("release", "remove UNIT's quarantine so it may start again"),
+        ("recheck", "start UNIT once the cause its halt names is gone (run by its timer)"),
     ):
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("unit", help=UNIT_HELP)

@@ -437,7 +437,7 @@ def argvs(draw: st.DrawFn) -> list[str]:
         st.sampled_from(
             [
                 "triage", "check-config", "signatures list", "signatures test", "history",
-                "gate", "release", "status", "preflight", "setup", "run", "demo", "",
+                "gate", "release", "recheck", "status", "preflight", "setup", "run", "demo", "",
             ]
         )
     )  # fmt: skip
@@ -457,7 +457,7 @@ def argvs(draw: st.DrawFn) -> list[str]:
             return ["signatures", *config, "test", draw(path | st.just("-")), *extra]
         case "history":
             return ["history", *config, *dirs[:2], *draw(FORMATS), *extra]
-        case "gate" | "release":
+        case "gate" | "release" | "recheck":
             return [command, draw(UNITS), *config, *dirs, *extra]
         case "status":
             units = draw(st.lists(UNITS, max_size=2))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_supervisor.actions.holds import Hold, Holds, hold_dir, timer_name
-from vllm_supervisor.commands.gate import EXIT_ALLOW, gate_main, release_main
+from vllm_supervisor.actions.quarantine import Quarantine
+from vllm_supervisor.commands.gate import EXIT_ALLOW, gate_main, recheck_main, release_main
 
 UNIT = "vllm.service"
 JSON = st.recursive(
@@ -103,3 +105,67 @@ def test_a_timer_name_is_a_unit_name_systemd_takes(unit: str, until: float) -> N
     assert name.endswith(".timer") and len(name) <= 255
     stem = name.removesuffix(".timer")
     assert all(c.isascii() and (c.isalnum() or c in ":_.-") for c in stem), name
+
+
+class TestRecheck:
+    """`recheck`, the timer's command for a halt that can clear by itself."""
+
+    @staticmethod
+    def _halt(state: Path, evidence: dict[str, object] | None) -> None:
+        Quarantine(state / "quarantine").write(
+            UNIT,
+            {
+                "signature": "port_in_use",
+                "time": "2026-12-04T10:00:00+00:00",
+                **({"evidence": evidence} if evidence else {}),
+            },
+        )
+
+    def _recheck(self, tmp_path: Path) -> tuple[int, str]:
+        out = io.StringIO()
+        code = recheck_main(UNIT, tmp_path / "run", tmp_path / "state", out=out, defaults=())
+        return code, out.getvalue()
+
+    def test_a_freed_port_lifts_the_halt_and_starts_the_unit(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        self._halt(tmp_path / "state", {"kind": "port_held", "port": free})
+        code, said = self._recheck(tmp_path)
+        assert f"the halt is lifted, port {free} is free now" in said
+        assert Quarantine(tmp_path / "state" / "quarantine").read(UNIT) is None
+        assert code == 1  # no systemd here to start it: said, with the command to run
+        assert f"systemctl start {UNIT}" in capsys.readouterr().err
+
+    def test_a_held_port_keeps_the_halt_and_asks_to_be_checked_again(self, tmp_path: Path) -> None:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", 0))
+            holder.listen()
+            port = holder.getsockname()[1]
+            self._halt(tmp_path / "state", {"kind": "port_held", "port": port})
+            code, said = self._recheck(tmp_path)
+        assert Quarantine(tmp_path / "state" / "quarantine").read(UNIT) is not None
+        assert f"port {port} is still held by" in said
+        assert code == 1 and "not checked again by itself" in said  # no systemd here
+
+    def test_a_halt_with_no_cause_that_can_clear_waits_for_a_person(self, tmp_path: Path) -> None:
+        self._halt(tmp_path / "state", None)
+        code, said = self._recheck(tmp_path)
+        assert code == 0 and "halted for good" in said
+        assert Quarantine(tmp_path / "state" / "quarantine").read(UNIT) is not None
+
+    def test_nothing_halted_nothing_done(self, tmp_path: Path) -> None:
+        assert self._recheck(tmp_path) == (0, f"{UNIT}: no halt to check again\n")
+
+    @given(record=JSON)
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    def test_no_record_makes_recheck_fail(self, tmp_path: Path, record: object) -> None:
+        path = Quarantine(tmp_path / "state" / "quarantine").path(UNIT)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+        assert self._recheck(tmp_path)[0] in (0, 1)
+        assert path.exists() or isinstance(record, dict)  # only a readable cause is lifted

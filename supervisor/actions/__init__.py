@@ -14,13 +14,14 @@ from ..util.lazy import exports
 
 if TYPE_CHECKING:
     from .comeback import SupervisorUnit, ask_about, coming_back
-    from .evidence import changed, still_holds
+    from .evidence import cause_gone, changed, still_holds, waits_on_a_condition
     from .gatekeeper import Reply, ask, socket_path
     from .holds import (
         Hold,
         Holds,
         active_hold,
         arm_once,
+        arm_recheck_once,
         disarm_once,
         hold_dirs,
         holds_of,
@@ -47,9 +48,11 @@ __all__ = [
     "SystemdClient",
     "active_hold",
     "arm_once",
+    "arm_recheck_once",
     "ask",
     "ask_about",
     "ask_once",
+    "cause_gone",
     "changed",
     "coming_back",
     "disarm_once",
@@ -63,6 +66,7 @@ __all__ = [
     "socket_path",
     "start_once",
     "still_holds",
+    "waits_on_a_condition",
 ]
 
 __getattr__ = exports(
@@ -73,6 +77,8 @@ __getattr__ = exports(
         "Holds": "holds",
         "active_hold": "holds",
         "arm_once": "holds",
+        "arm_recheck_once": "holds",
+        "cause_gone": "evidence",
         "disarm_once": "holds",
         "hold_dirs": "holds",
         "holds_of": "holds",
@@ -93,5 +99,6 @@ __getattr__ = exports(
         "run_preflight": "preflight",
         "socket_path": "gatekeeper",
         "still_holds": "evidence",
+        "waits_on_a_condition": "evidence",
     },
 )

@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 
 from ..decide.port_evidence import port_of
+from ..environment.addresses import is_local, not_assigned
 from ..environment.execstart import interpreter_from_exec_start
 from ..environment.fingerprint import UnitSettings, changes, needs_settings, render, take
 from ..environment.ports import holders, listeners
@@ -60,6 +61,9 @@ def evidence_of(outcome: Outcome) -> dict[str, Any] | None:
     if outcome.decision.rule is Rule.PORT_HELD:
         port = port_of(dict(verdict.captures), verdict.root_cause, None)
         return None if port is None else {"kind": "port_held", "port": port}
+    address = verdict.captures.get("address")
+    if address and not_assigned(verdict.root_cause):
+        return {"kind": "address_missing", "address": address}
     for pattern in _MISSING_PATH:
         found = pattern.search(verdict.root_cause or "")
         if found is not None:
@@ -132,6 +136,25 @@ def changed(
     return f"{render(found)} since the halt" if found else None
 
 
+# The halts whose cause can go away by itself: checked on a schedule (supervisor.actions.holds),
+# they start the unit once it has (a port's holder left, a mount came up, an address was set).
+CONDITION_KINDS = frozenset({"port_held", "missing_path", "address_missing"})
+
+
+def waits_on_a_condition(record: dict[str, Any]) -> bool:
+    """True for a halt that rests on a cause that can go away by itself (and on nothing that
+    only a person ends: an unreadable record is no such halt)."""
+    evidence = record.get(EVIDENCE_KEY)
+    return isinstance(evidence, dict) and evidence.get("kind") in CONDITION_KINDS
+
+
+def cause_gone(record: dict[str, Any]) -> str | None:
+    """What says the halt's own cause is gone, in words, or None while it holds (or it has no
+    cause that can go): the environment's changes are not asked (an install may be half
+    done, and only a person's start may begin on it)."""
+    return _cause_gone(record.get(EVIDENCE_KEY))
+
+
 def _cause_gone(evidence: object) -> str | None:
     if not isinstance(evidence, dict):
         return None
@@ -140,6 +163,10 @@ def _cause_gone(evidence: object) -> str | None:
         port = evidence.get("port")
         if isinstance(port, int) and 0 < port < 65536 and not listeners(port):
             return f"port {port} is free now"
+    elif kind == "address_missing":
+        address = evidence.get("address")
+        if isinstance(address, str) and is_local(address):
+            return f"{address} is an address of this host now"
     elif kind == "missing_path":
         path = evidence.get("path")
         if isinstance(path, str) and path.startswith("/") and os.path.exists(path):  # noqa: PTH110

@@ -46,7 +46,7 @@ class Hold:
     unit: str
     until: float
     since: float  # when it was decided
-    crashes: int  # crashes in a row of starts that never served
+    crashes: int  # crashes in a row of starts that ended within the pacing's reset
     reason: str
     rule: str
     invocation_id: str | None = None
@@ -157,18 +157,27 @@ def start_command(unit: str) -> list[str]:
 
 
 async def arm(client: SystemdClient, hold: Hold) -> str:
-    """Have systemd start the held unit at the hold's deadline; the timer's name. Other hold
-    timers of the unit are stopped first: only the latest deadline stands."""
-    name = timer_name(hold.unit, hold.until)
-    await disarm(client, hold.unit, keep=name)
-    at = math.ceil(max(hold.until, time.time() + 1))
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    """Have systemd start the held unit at the hold's deadline; the timer's name."""
+    return await arm_command(
+        client,
+        hold.unit,
+        hold.until,
+        start_command(hold.unit),
+        f"Start {hold.unit} when its hold by vllm-supervisor ends",
+    )
+
+
+async def arm_command(
+    client: SystemdClient, unit: str, at: float, argv: Sequence[str], description: str
+) -> str:
+    """Have systemd run `argv` (as root) at `at` for `unit`; the timer's name. Other timers of
+    the unit are stopped first: only the latest stands."""
+    name = timer_name(unit, at)
+    await disarm(client, unit, keep=name)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(math.ceil(max(at, time.time() + 1))))
     try:
         await client.start_transient_timer(
-            name,
-            description=f"Start {hold.unit} when its hold by vllm-supervisor ends",
-            on_calendar=when,
-            argv=start_command(hold.unit),
+            name, description=description, on_calendar=when, argv=argv
         )
     except SystemdError as exc:
         if exc.reason != "unit_exists":
@@ -192,6 +201,15 @@ def arm_once(hold: Hold) -> str:
     """`arm`, for the gate (a one-shot command); SystemdError, OSError and TimeoutError reach
     the caller, which then lets the start through."""
     return ask_once(lambda client: arm(client, hold), timeout_s=SYSTEMD_TIMEOUT_S)
+
+
+def arm_recheck_once(unit: str, at: float, argv: Sequence[str]) -> str:
+    """Have systemd run `argv` (the halt's recheck) at `at`; errors reach the caller."""
+    description = f"Start {unit} if the cause of its halt by vllm-supervisor is gone"
+    return ask_once(
+        lambda client: arm_command(client, unit, at, argv, description),
+        timeout_s=SYSTEMD_TIMEOUT_S,
+    )
 
 
 def disarm_once(unit: str) -> list[str]:

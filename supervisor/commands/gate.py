@@ -1,4 +1,5 @@
-"""`vllm-supervisor gate UNIT` and `release UNIT`: the ExecCondition check and its undo.
+"""`vllm-supervisor gate UNIT`, `release UNIT` and `recheck UNIT`: the ExecCondition check,
+its undo, and the check of a halt that can clear by itself.
 
 `gate` runs as the served unit's `ExecCondition=` (docs/DESIGN.md §3): exit 1 skips the start (and,
 since systemd PR #22259, a skipped start is not restarted even with `Restart=always`), exit 0
@@ -27,9 +28,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,8 +44,10 @@ from ..actions import (
     SupervisorUnit,
     active_hold,
     arm_once,
+    arm_recheck_once,
     ask,
     ask_about,
+    cause_gone,
     changed,
     coming_back,
     disarm_once,
@@ -51,6 +56,7 @@ from ..actions import (
     socket_path,
     start_once,
     still_holds,
+    waits_on_a_condition,
 )
 from ..config import DEFAULT_RUNTIME_DIR, SUPERVISOR_UNIT, Config, load_config
 from ..errors import SupervisorError, SystemdError
@@ -63,6 +69,8 @@ EXIT_QUARANTINED = 1  # 1..254 from ExecCondition= skips the start (systemd.serv
 
 
 RELEASE_NOTIFY_TIMEOUT_S = 2.0
+RECHECK_FIRST_S = 10.0  # a halt that can clear by itself is checked this soon, at first
+RECHECK_MAX_S = 60.0  # ... and at least this often while it lasts
 COMEBACK_POLL_S = 0.1  # how often a gate knocks while the supervisor comes back
 COMEBACK_LOOK_S = 1.0  # how often it asks systemd whether it still does
 
@@ -276,9 +284,92 @@ def _check_records(
         _say(f"{unit}: start refused, quarantined: {_summary(record)}", file=stream)
         if (holder := still_holds(record)) is not None:
             _say(f"{unit}: {holder}", file=stream)
+        if waits_on_a_condition(record):
+            _arm_recheck(unit, record, runtime_dir, state_dir, stream)
         _say(f"release it with: vllm-supervisor release {unit}", file=stream)
         return EXIT_QUARANTINED
     return _check_holds(unit, runtime_dir, defaults, stream)
+
+
+def _arm_recheck(
+    unit: str, record: dict[str, Any], runtime_dir: Path, state_dir: Path, stream: TextIO
+) -> bool:
+    """Have systemd check again, a little later, whether the cause of a halt that can clear
+    by itself is gone (`recheck`, which starts the unit then); True once it will."""
+    program = _own_program()
+    if program is None:
+        _say(f"{unit}: it is not checked again by itself: no vllm-supervisor on PATH", file=stream)
+        return False
+    at = time.time() + _recheck_after_s(record)
+    argv = [program, "recheck", "--runtime-dir", str(runtime_dir), "--state-dir", str(state_dir)]
+    try:
+        arm_recheck_once(unit, at, [*argv, unit])
+    except (SystemdError, OSError, TimeoutError) as exc:
+        _say(f"{unit}: it is not checked again by itself: systemd said {exc}", file=stream)
+        return False
+    _say(
+        f"{unit}: checked again at {_utc(at)}; it starts by itself once the cause is gone",
+        file=stream,
+    )
+    return True
+
+
+def _recheck_after_s(record: dict[str, Any]) -> float:
+    """Soon after the halt (a port held for a moment), less often as it lasts."""
+    since = record.get("time")
+    try:
+        age_s = time.time() - datetime.fromisoformat(str(since)).timestamp()
+    except (TypeError, ValueError, OverflowError):
+        age_s = 0.0
+    return min(max(age_s / 4, RECHECK_FIRST_S), RECHECK_MAX_S)
+
+
+def _own_program() -> str | None:
+    """The vllm-supervisor that runs this gate, for the recheck's command line."""
+    own = Path(sys.argv[0])
+    if own.is_absolute() and own.name == "vllm-supervisor" and os.access(own, os.X_OK):
+        return str(own)
+    return shutil.which("vllm-supervisor")
+
+
+def recheck_main(
+    unit: str,
+    runtime_dir: Path,
+    state_dir: Path,
+    *,
+    out: TextIO | None = None,
+    defaults: Sequence[Path] = DEFAULT_DIRS,
+) -> int:
+    """`recheck UNIT` (run by the timer the gate armed): a halt whose own cause is gone is
+    lifted and the unit started; one whose cause holds is checked again later; any other
+    halt waits for a person. Never lifts on an environment change: an install may be half done."""
+    stream = out if out is not None else sys.stdout
+    found = []
+    for directory in quarantine_dirs(runtime_dir, state_dir, defaults):
+        try:
+            record = Quarantine(directory).read(unit)
+        except OSError as exc:
+            _say(f"{unit}: cannot read {directory}: {exc.strerror}; left as it is", file=stream)
+            return 1
+        if record is not None:
+            found.append((directory, record))
+    if not found:
+        _say(f"{unit}: no halt to check again", file=stream)
+        return 0
+    if not all(waits_on_a_condition(record) for _, record in found):
+        _say(f"{unit}: halted for good: it waits for a person (release, or a fix)", file=stream)
+        return 0
+    gone = [cause_gone(record) for _, record in found]
+    if any(why is None for why in gone):
+        _, record = found[0]
+        if (holder := still_holds(record)) is not None:
+            _say(f"{unit}: {holder}", file=stream)
+        return 0 if _arm_recheck(unit, record, runtime_dir, state_dir, stream) else 1
+    for directory, _ in found:
+        Quarantine(directory).release(unit)
+    _tell_released(unit, runtime_dir)
+    _say(f"{unit}: the halt is lifted, {'; '.join(map(str, gone))}", file=stream)
+    return _start_now(unit, stream)
 
 
 def _check_holds(
@@ -305,9 +396,8 @@ def _check_holds(
         )
         return None
     _say(
-        f"{unit}: start held until {when}: paced after {hold.crashes} crashes in a row of "
-        f"starts that never served ({hold.rule or 'unknown rule'}); systemd starts it then "
-        f"({timer})",
+        f"{unit}: start held until {when}: paced after {hold.crashes} crashes in a row "
+        f"({hold.rule or 'unknown rule'}); systemd starts it then ({timer})",
         file=stream,
     )
     _say(f"start it now with: vllm-supervisor release {unit}", file=stream)

@@ -12,6 +12,7 @@ test takes a minute; `python -m bench.pacing` runs the shipped schedule for 5 mi
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -49,25 +50,13 @@ ExecStart={command}
 Restart=always
 """
 
-CONFIG = """
-[[unit]]
-name = "{silent}"
-pace_first_s = {first}
-pace_max_s = {max}
-
-[[unit]]
-name = "{flaky}"
-pace_first_s = {first}
-pace_max_s = {max}
-
-[[unit]]
-name = "{fatal}"
-pace_first_s = {first}
-pace_max_s = {max}
-
-[metrics]
-listen = "127.0.0.1:9464"
-""".format(silent=SILENT, flaky=FLAKY, fatal=FATAL, first=PACE_FIRST_S, max=PACE_MAX_S)
+CONFIG = (
+    "".join(
+        f'[[unit]]\nname = "{unit}"\npace_first_s = {PACE_FIRST_S}\npace_max_s = {PACE_MAX_S}\n\n'
+        for unit in (SILENT, FLAKY, FATAL)
+    )
+    + '[metrics]\nlisten = "127.0.0.1:9464"\n'
+)
 
 
 def install(box: Container, unit: str, command: str) -> None:
@@ -118,7 +107,7 @@ def test_three_loops_at_once_end_halted_or_paced_and_come_back(container: Contai
     wait_for(lambda: time.time() - began >= 60, timeout=70, what="a minute", interval=1)
     silent = starts(container, SILENT)
     assert 3 <= len(silent) <= 7, silent  # systemd alone: about 50 at RestartSec=1s
-    gaps = [b - a for a, b in zip(silent, silent[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(silent)]
     assert max(gaps) >= 2 * PACE_FIRST_S, gaps
     assert any(gap >= PACE_FIRST_S for gap in gaps[1:]), gaps  # it came back after a hold
 
