@@ -37,6 +37,7 @@ from .classify.signatures import SignatureTable
 from .classify.table import load_table
 from .config import Config, parse_listen
 from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
+from .decide.address_evidence import AddressEvidence
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
 from .engines.profiles import install as install_engines
@@ -164,9 +165,10 @@ async def _run(
         exec_start=control.exec_start if control else None,
         on_snapshot=metrics.environment_snapshot,
     )
+    machine_id = supervised_machine_id(config)
     ports = PortEvidence(
         config,
-        machine_id=supervised_machine_id(config),
+        machine_id=machine_id,
         unit_uid=control.unit_uid if control is not None else None,
     )
     reader = journal_reader(config, store.load_checkpoint(), metrics)
@@ -180,7 +182,7 @@ async def _run(
         notifier=notify,
         reporter=notifier,
         load_config=reload_config,
-        hooks=[hangs, recorder, ports],
+        hooks=[hangs, recorder, ports, AddressEvidence(config, machine_id=machine_id)],
         tasks=[
             recorder.run,
             _watchdog(notifier),

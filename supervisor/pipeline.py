@@ -20,6 +20,7 @@ from .classify.classifier import Classifier
 from .classify.determinism import verdict_of
 from .classify.signatures import SignatureTable
 from .config import Config
+from .decide.address_evidence import address_verdict
 from .decide.pacing import Schedule
 from .decide.policy import RestartPolicy
 from .decide.port_evidence import port_verdict
@@ -238,6 +239,7 @@ class Pipeline:
         verdict = port_verdict(
             verdict, evidence.port, invocation.unit or "", halt_inferred=halt_inferred
         )
+        verdict = address_verdict(verdict, evidence.address, halt_inferred=halt_inferred)
         decision = self.policy.decide(
             invocation,
             verdict,
