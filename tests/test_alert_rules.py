@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_supervisor.model import Rule
 from vllm_supervisor.notify.alertmanager import RUNBOOK_URL, alert
 from vllm_supervisor.telemetry.metrics import Metrics, new_registry
 
@@ -132,6 +133,82 @@ def _rule_annotations() -> dict[str, str]:
         "vllm.service` on the host shows the root cause and the fix; after fixing it, run "
         "`vllm-supervisor release vllm.service`.",
         "runbook_url": RUNBOOK_URL,
+    }
+
+
+HELD_UNTIL = "vllm_supervisor_unit_held_until_timestamp_seconds"
+
+
+def _held_samples(metrics: Metrics) -> dict[str, float]:
+    """The held-until gauge of the daemon's exposition: {unit: value}."""
+    samples = {}
+    for line in metrics.exposition()[0].decode().splitlines():
+        if line.startswith(HELD_UNTIL + "{"):
+            labels, value = line.rsplit(" ", 1)
+            samples[re.findall(r'unit="([^"]*)"', labels)[0]] = float(value)
+    return samples
+
+
+def test_the_paced_rule_reads_the_daemons_gauge(tmp_path: Path) -> None:
+    """VllmSupervisorUnitPaced on the gauge as the daemon exports it: a hold until 1500 s
+    (Unix time, as the rule compares it with time()) decided at 60 s warns from 10 minutes on;
+    a unit whose hold the scrape found expired reads 0 and stays quiet."""
+    metrics = Metrics(new_registry(process=False))
+    metrics.register_units(["vllm.service", "sglang.service"])
+    metrics.held("vllm.service", Rule.TRANSIENT, 1500.0)
+    metrics.held("sglang.service", Rule.UNKNOWN_FIRST, 120.0)
+    metrics.held_units({"vllm.service": 1500.0, "sglang.service": 120.0}, now=180.0)
+    held = _held_samples(metrics)
+    assert held == {"vllm.service": 1500.0, "sglang.service": 0.0}
+    series = [
+        {
+            "series": f'{HELD_UNTIL}{{instance="gpu-7:9464",job="vllm-supervisor",unit="{unit}"}}',
+            "values": f"0 {value:g}x20",
+        }
+        for unit, value in held.items()
+    ]
+    expected = {"severity": "warning", "instance": "gpu-7:9464", "job": "vllm-supervisor"}
+    case = {
+        "rule_files": [str(RULES_DIR / "alerts.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    {"eval_time": "10m", "alertname": "VllmSupervisorUnitPaced", "exp_alerts": []},
+                    {
+                        "eval_time": "11m",
+                        "alertname": "VllmSupervisorUnitPaced",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**expected, "unit": "vllm.service"},
+                                "exp_annotations": _paced_annotations(
+                                    "vllm.service", "gpu-7:9464", "1970-01-01 00:25:00 +0000 UTC"
+                                ),
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "paced_test.yml"
+    path.write_text(json.dumps(case), encoding="utf-8")  # JSON is valid YAML
+    result = _promtool("test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _paced_annotations(unit: str, instance: str, next_start: str) -> dict[str, str]:
+    """The paced rule's annotations, as alerts_test.yml has them."""
+    return {
+        "summary": f"{unit} on {instance} is paced: its starts keep crashing",
+        "description": f"The starts of {unit} crash soon after they begin, on an error not proven "
+        "fatal, so vllm-supervisor holds each next start for longer (the delay doubles per "
+        f"crash) instead of halting it; the next start comes at {next_start}. "
+        f"`vllm-supervisor status {unit}` on the host shows why and after how many crashes; "
+        f"`vllm-supervisor release {unit}` starts it now.",
+        "runbook_url": f"{RUNBOOK_URL.partition('#')[0]}#vllmsupervisorunitpaced",
     }
 
 

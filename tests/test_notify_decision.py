@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from notify_fakes import make_outcome
 
-from vllm_supervisor.model import Action, Ending, Severity, Taken
+from vllm_supervisor.model import Action, Decision, Ending, Outcome, Pace, Severity, Taken
 from vllm_supervisor.notify.decision import NotifyReason, telling
 
 
@@ -80,3 +80,34 @@ def test_every_outcome_has_exactly_one_reason(
         assert reason is NotifyReason.OFF
     if action is Action.HALT and reason.tells is False:
         assert reason in (NotifyReason.OFF, NotifyReason.NOT_NEWS)
+
+
+def _held(crashes: int, severity: Severity, signature: str | None) -> Outcome:
+    """A crash whose next start was held after `crashes` crashes in a row."""
+    outcome = make_outcome(
+        signature=signature, severity=severity, action=Action.ALLOW_RESTART, taken=Taken.HELD
+    )
+    pace = Pace(delay_s=60.0 * 2 ** max(0, crashes - 2), crashes=crashes)
+    decision = Decision(action=Action.HOLD, reason="paced", pace=pace)
+    return dataclasses.replace(outcome, decision=decision)
+
+
+@pytest.mark.parametrize(
+    ("severity", "signature"),
+    [(Severity.UNKNOWN, None), (Severity.TRANSIENT, "hf_hub_rate_limited")],
+    ids=["unknown", "transient"],
+)
+@pytest.mark.parametrize("notify_transient", [True, False])
+def test_the_hold_that_begins_pacing_is_told_and_the_later_ones_fold(
+    severity: Severity, signature: str | None, notify_transient: bool
+) -> None:
+    """The 2nd crash in a row (the first held start) is its own message, a transient loop's too
+    (never grouped or muted: a hold is an action); the 3rd and later are PACED, told by that
+    message, never one per crash of the loop."""
+    first = telling(_held(2, severity, signature), endpoint=True, notify_transient=notify_transient)
+    assert first is NotifyReason.ALONE
+    for crashes in (3, 4, 40):
+        later = _held(crashes, severity, signature)
+        reason = telling(later, endpoint=True, notify_transient=notify_transient)
+        assert reason is NotifyReason.PACED, crashes
+        assert not reason.tells

@@ -77,11 +77,13 @@ class TestPayload:
         assert "release" not in json.dumps(payload)
 
     def test_each_thing_done_has_its_line(self) -> None:
-        """Every Taken renders its own action line, and only a halt offers the release."""
+        """Every Taken renders its own action line; only a halt offers the release, and a held
+        start the same command to start it now (tests/test_hold_message.py)."""
         for taken in Taken:
             payload = build_payload(make_outcome(taken=taken), host="h")
             offers_release = "vllm-supervisor release" in payload["text"]
-            assert offers_release == (taken in (Taken.HALTED, Taken.QUARANTINED)), taken
+            expected = taken in (Taken.HALTED, Taken.QUARANTINED, Taken.HELD)
+            assert offers_release == expected, taken
 
     def test_group_count_per_interval(self) -> None:
         """A group of transient crashes shows its count and interval."""

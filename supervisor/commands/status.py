@@ -1,6 +1,7 @@
 """`vllm-supervisor status [UNIT]`: the first screen of an incident.
 
-What is halted on this host, since when and why, how to release it, what systemd says of each
+What is halted on this host, since when and why, how to release it, which unit's next start
+is held (paced: when it comes, after how many crashes, why), what systemd says of each
 supervised unit, its last verdicts and what changed in its environment, and whether the
 supervisor itself runs and is healthy. One command instead of `gate`, `history`, `systemctl`
 and `curl /healthz`.
@@ -8,7 +9,8 @@ and `curl /healthz`.
 Every source is read independently and may be missing (systemd unreachable, the daemon down,
 the state database not there yet): what could not be read is said, the rest is shown. The exit
 status is for scripts: 0 nothing halted and the daemon healthy, 1 a unit is halted, 3 the daemon
-is not running or not healthy (and nothing is halted).
+is not running or not healthy (and nothing is halted). A paced unit is no halt: its start comes
+by itself, so it leaves the exit status as it is.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Any, TextIO
 
 import httpx
 
-from ..actions import SystemdClient, ask_once, quarantine_records, real_name
+from ..actions import Hold, SystemdClient, ask_once, holds_of, quarantine_records, real_name
 from ..config import SUPERVISOR_UNIT, Config, parse_listen
 from ..environment import PROC, Holder, holders
 from ..errors import SupervisorError, SystemdError
-from ..model import UnitState
+from ..model import UnitState, duration
 from ..store import Store
 from ..util.daemon_lock import LOCK_NAME, lock_holder
 from ..util.jsontext import loads
@@ -45,6 +47,8 @@ EXIT_DAEMON_DOWN = 3  # as `systemctl status` says of an inactive unit
 LAST_VERDICTS = 3
 HEALTH_TIMEOUT_S = 2.0
 SYSTEMD_TIMEOUT_S = 2.0
+# A held start further away than this shows its date too, not only its time of day.
+CLOCK_ONLY_WITHIN_S = 12 * 3600.0
 
 NO_SUCH_UNIT = "no such unit"  # systemd's LoadState=not-found
 UnitStateLookup = Callable[[Sequence[str]], dict[str, UnitState | str]]
@@ -69,6 +73,8 @@ class UnitStatus:
     last: tuple[dict[str, Any], ...] = ()  # newest first
     drift: tuple[str, ...] = ()  # of the newest crash
     running: dict[str, Any] | None = None  # the daemon's view: when it started, whether it serves
+    hold: dict[str, Any] | None = None  # its standing hold (pacing): the next start and why
+    hold_error: str | None = None  # why the hold records could not be read
 
     def to_json(self) -> dict[str, Any]:
         """The unit's entry of `status --format json`."""
@@ -125,11 +131,14 @@ def gather(
     *,
     unit_states: UnitStateLookup | None = None,
     health: Health | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Status:
     """Read every source for `units` (the configured ones by default)."""
     names = list(units) or [u.name for u in config.units]
     states = (unit_states or systemd_states)(names) if names else {}
     halted, halted_error = _quarantine_records(config)
+    holds, hold_error = _hold_records(config)
+    now = clock()
     history = _history(config.state.state_dir)
     daemon = daemon_status(config, health or ask_health)
     return Status(
@@ -141,6 +150,8 @@ def gather(
                 history,
                 halted_error=halted_error,
                 running=daemon.starts.get(name),
+                hold=standing_hold(holds.get(name), now),
+                hold_error=hold_error,
             )
             for name in names
         ),
@@ -157,6 +168,40 @@ def _quarantine_records(config: Config) -> tuple[dict[str, dict[str, Any]], str 
         return {}, f"cannot read the quarantine records: {where}: {exc.strerror or exc}"
 
 
+def _hold_records(config: Config) -> tuple[dict[str, Hold], str | None]:
+    """The readable hold records, or why they could not be read (a record that is no hold
+    holds nothing, as for the gate)."""
+    try:
+        return holds_of(config), None
+    except OSError as exc:
+        where = exc.filename or config.state.runtime_dir
+        return {}, f"cannot read the hold records: {where}: {exc.strerror or exc}"
+
+
+def standing_hold(hold: Hold | None, now: float) -> dict[str, Any] | None:
+    """The `hold` object of `status --format json`: a hold whose start is still ahead; None
+    for none, or one whose time has passed (the gate lets that start through)."""
+    if hold is None or hold.until <= now:
+        return None
+    return {
+        "until": _iso(hold.until),
+        "until_epoch": hold.until,
+        "left_s": hold.left_s(now),
+        "since": _iso(hold.since),
+        "crashes": hold.crashes,
+        "rule": hold.rule or None,
+        "reason": hold.reason or None,
+        "invocation_id": hold.invocation_id,
+        "signature": hold.signature,
+    }
+
+
+def _iso(when: float) -> str | None:
+    """ISO 8601 in UTC; None for a time no datetime holds (a record edited by hand)."""
+    at = utc(when)
+    return None if at is None else at.isoformat(timespec="seconds")
+
+
 def _unit_status(
     unit: str,
     state: UnitState | str,
@@ -165,6 +210,8 @@ def _unit_status(
     *,
     halted_error: str | None = None,
     running: dict[str, Any] | None = None,
+    hold: dict[str, Any] | None = None,
+    hold_error: str | None = None,
 ) -> UnitStatus:
     mine = [h for h in history if isinstance(h, dict) and h.get("unit") == unit]
     mine = mine[-LAST_VERDICTS:][::-1]
@@ -181,6 +228,8 @@ def _unit_status(
         last=last,
         drift=tuple(str(d) for d in crashes[0]["drift"]) if crashes else (),
         running=running,
+        hold=hold,
+        hold_error=None if hold else hold_error,
     )
 
 
@@ -388,6 +437,8 @@ def _mark(unit: UnitStatus) -> str:
         return NO_SUCH_UNIT
     if unit.halted_error:
         return "halt state unknown"
+    if unit.hold:
+        return "paced"
     if unit.systemd is None:
         return "not halted, systemd state unknown"
     return "ok"
@@ -415,6 +466,10 @@ def _render_unit(unit: UnitStatus) -> list[str]:
         if h.get("remediation"):
             lines.append(f"    fix:       {h['remediation']}")
         lines.append(f"    release:   vllm-supervisor release {unit.unit}   (record: {h['path']})")
+    if unit.hold:
+        lines += _hold_lines(unit.unit, unit.hold)
+    elif unit.hold_error:
+        lines.append(f"    paced:     unknown ({unit.hold_error})")
     for item in unit.last:
         lines.append(
             f"    last:      {item['time']}  {item['severity']!s:9} "
@@ -425,6 +480,34 @@ def _render_unit(unit: UnitStatus) -> list[str]:
     if unit.drift:
         lines.append(f"    changed:   {'; '.join(unit.drift)}")
     return lines
+
+
+def _hold_lines(unit: str, hold: dict[str, Any]) -> list[str]:
+    """A standing hold: when the next start comes, after how many crashes, why, and how to
+    start it now."""
+    crashes = hold["crashes"]
+    rule = f" ({hold['rule']})" if hold["rule"] else ""
+    lines = [
+        f"    paced:     next start {_next_start_words(hold['until_epoch'], hold['left_s'])}, "
+        f"after {crashes} crash{'' if crashes == 1 else 'es'} in a row{rule}"
+    ]
+    if hold["reason"]:
+        lines.append(f"    why:       {hold['reason']}")
+    lines.append(
+        f"    start now: vllm-supervisor release {unit}   (else systemd starts it then: "
+        "systemctl list-timers 'vllm-supervisor-hold-*')"
+    )
+    return lines
+
+
+def _next_start_words(until: float, left_s: float) -> str:
+    """When the held start comes, as "10:42 UTC (in 3 min)"; with its date when it is further
+    away than half a day."""
+    at = utc(until)
+    if at is None:
+        return f"at an unknown time (in {duration(left_s)})"
+    form = "%H:%M UTC" if left_s < CLOCK_ONLY_WITHIN_S else "%Y-%m-%d %H:%M UTC"
+    return f"{at.strftime(form)} (in {duration(left_s)})"
 
 
 def _running_words(running: dict[str, Any], now: float | None = None) -> str:
@@ -496,9 +579,10 @@ def status_main(
     out: TextIO,
     unit_states: UnitStateLookup | None = None,
     health: Health | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> int:
     """Print the status; the exit code says halted (1), daemon down (3) or healthy (0)."""
-    status = gather(config, units, unit_states=unit_states, health=health)
+    status = gather(config, units, unit_states=unit_states, health=health, clock=clock)
     if output_format == "json":
         out.write(json.dumps(status.to_json(), indent=2) + "\n")
     else:

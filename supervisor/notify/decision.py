@@ -79,8 +79,9 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
     if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
         return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
     pace = outcome.decision.pace
-    if outcome.taken is Taken.HELD and pace is not None and not pace.first:
-        return NotifyReason.PACED  # one message when pacing begins, never one per crash
+    if outcome.taken is Taken.HELD and pace is not None:
+        # One message when pacing begins (a transient loop's too), never one per crash.
+        return NotifyReason.ALONE if pace.first else NotifyReason.PACED
     key = group_key(outcome)
     if key is None:
         return NotifyReason.ALONE

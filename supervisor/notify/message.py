@@ -3,13 +3,17 @@
 `build_payload` is pure, with a plain `text` fallback. Every piece of journal text is escaped
 (`& < >`), so a log line cannot ping `<!channel>` or forge a link, and every block stays within
 Slack's size limits (cut with a visible marker).
+
+A held start (pacing: a crash loop not proven fatal) says it is paced, when the next start
+comes, after how many crashes, on what evidence, what to check and how to start it now. Only the
+hold that begins pacing is sent (supervisor.notify.decision); the later ones are in history.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..model import Outcome, Taken
+from ..model import Confidence, Outcome, Rule, Taken, duration
 from ..story import NO_ROOT_CAUSE, told_outcome
 from ..util.when import utc
 from .decision import Group
@@ -19,6 +23,9 @@ FIELD_LIMIT = 2000  # Slack: one section field
 HEADER_LIMIT = 150  # Slack: a header block's plain_text
 FALLBACK_LIMIT = 3000  # our own bound for the top-level `text`
 TRUNCATED = "… [truncated]"
+EVIDENCE_LIMIT = 300  # characters of the root cause repeated as a hold's evidence
+NO_CAUSE_NAMED = "no error line names the cause"
+HOLD_TIMERS = "systemctl list-timers 'vllm-supervisor-hold-*'"
 
 
 # -- the message ---------------------------------------------------------------------------------
@@ -60,6 +67,7 @@ _EMOJI = {
     Taken.QUARANTINED: ":octagonal_sign:",
     Taken.HALT_FAILED: ":rotating_light:",
     Taken.WOULD_HALT: ":warning:",
+    Taken.HELD: ":hourglass_flowing_sand:",
     Taken.RESTARTING: ":repeat:",
     Taken.RESTARTED: ":repeat:",
     Taken.RESTART_FAILED: ":rotating_light:",
@@ -70,11 +78,78 @@ _EMOJI = {
 
 
 def _action_line(outcome: Outcome, unit: str) -> str:
-    """What was decided and done, and how a person undoes a halt."""
+    """What was decided and done, and how a person undoes a halt or starts a held unit now."""
     line = f"{_EMOJI.get(outcome.taken, ':grey_question:')} {escape(told_outcome(outcome))}"
     if outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
         line += f". After fixing the cause, release it: `vllm-supervisor release {escape(unit)}`"
+    elif outcome.taken is Taken.HELD:
+        line += f". To start it now: `vllm-supervisor release {escape(unit)}`"
     return line
+
+
+def _next_start(outcome: Outcome) -> str:
+    """When a held start comes: its delay counted from the crash's end (the daemon holds it
+    from its decision, moments later, so the time is "about")."""
+    pace = outcome.decision.pace
+    if pace is None:
+        return "when its hold ends"
+    after = f"{duration(pace.delay_s)} after this crash"
+    ended = outcome.invocation.ended_us
+    if ended is None:
+        return after
+    when = _utc(ended + pace.delay_s * 1_000_000, "%H:%M UTC", per_second=1_000_000)
+    return after if when == "unknown" else f"at about {when} ({after})"
+
+
+def _paced(outcome: Outcome) -> str:
+    """The sentence of a held start: when the next start comes, after how many crashes."""
+    pace = outcome.decision.pace
+    in_a_row = ""
+    if pace is not None:
+        crashes = f"{pace.crashes} crash{'' if pace.crashes == 1 else 'es'}"
+        in_a_row = f", after {crashes} in a row, each soon after its start"
+    return (
+        f"The next start comes {_next_start(outcome)}{in_a_row}. Each further crash doubles "
+        "the wait; a start that runs the unit's `pace_reset_s` ends it."
+    )
+
+
+def _evidence(outcome: Outcome) -> str:
+    """What the hold rests on: the root cause, or that no error line names one (a guess, a
+    wrapper, a warning: the classifier's low confidence), and the rule that let it restart."""
+    verdict = outcome.verdict
+    rule = outcome.decision.rule
+    named = (
+        verdict.root_cause
+        and verdict.confidence is not Confidence.LOW
+        and rule is not Rule.UNKNOWN_NO_CAUSE
+    )
+    cause = truncate(verdict.root_cause or "", EVIDENCE_LIMIT) if named else NO_CAUSE_NAMED
+    return f"{cause} (rule {rule.value}: not proven fatal, so not halted)"
+
+
+def _pace_lines(outcome: Outcome) -> list[str]:
+    """A held start, in plain words: nothing for any other outcome."""
+    if outcome.taken is not Taken.HELD:
+        return []
+    unit = outcome.invocation.unit or "UNIT"
+    return [
+        f"Paced, not halted. {_paced(outcome)}",
+        f"Evidence: {_evidence(outcome)}",
+        f"Check: vllm-supervisor status {unit}; {HOLD_TIMERS}; journalctl -u {unit}",
+    ]
+
+
+def _pace_section(outcome: Outcome) -> dict[str, Any]:
+    """The Paced section of a held start's message, its commands as code."""
+    unit = outcome.invocation.unit or "UNIT"
+    body = [
+        escape(_paced(outcome)),
+        f"Evidence: {escape(_evidence(outcome))}",
+        f"Check: `vllm-supervisor status {escape(unit)}`, `{escape(HOLD_TIMERS)}`, "
+        f"`journalctl -u {escape(unit)}`",
+    ]
+    return _section("Paced", "\n".join(body))
 
 
 def _group_line(group: Group) -> str:
@@ -173,6 +248,8 @@ def _blocks(
         blocks.append(_section("Grouped", escape(_group_line(group))))
     if verdict.notes:
         blocks.append(_section("Notes", escape("; ".join(verdict.notes))))
+    if outcome.taken is Taken.HELD:
+        blocks.append(_pace_section(outcome))
     blocks.append(_section("Action", _action_line(outcome, unit) + escape(_loop_length(outcome))))
     blocks.append(_section("Full log", _code(_log_command(outcome))))
     said = f"Decision: {outcome.decision.reason}"
@@ -220,8 +297,11 @@ def _fallback(outcome: Outcome, host: str, action: Taken, group: Group | None) -
     if group is not None and group.count > 1:
         lines.append(_group_line(group))
     lines.append(f"Action: {told_outcome(outcome)}{_loop_length(outcome)}")
+    lines += _pace_lines(outcome)
     if action in (Taken.HALTED, Taken.QUARANTINED):
         lines.append(f"Release: vllm-supervisor release {unit}")
+    elif action is Taken.HELD:
+        lines.append(f"Start it now: vllm-supervisor release {unit}")
     lines.append(f"Log: {_log_command(outcome)}")
     return truncate(escape("\n".join(lines)), FALLBACK_LIMIT)
 
