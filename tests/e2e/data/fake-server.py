@@ -1,14 +1,16 @@
 """A fake inference server for the end-to-end tests, driven by its arguments.
 
   fake-server.py [--log FILE] [--spam N] [--fatal-if PATH] [--serve] [--term-status S] [--exit S]
-                 [--bind PORT]
+                 [--bind PORT] [--host ADDRESS]
 
 Prints N filler lines (--spam), then a saved log as the server printed it (without the
 journal's "Mon DD HH:MM:SS host ident[pid]: " prefix), then either exits with --exit (default 1)
 or, with --serve (or when the --fatal-if file is absent), logs that it serves and stays up until
 SIGTERM, which it traps and answers with --term-status (143: a server that exits 128+15).
 With --bind it first binds 0.0.0.0:PORT as a server does: taken, Python's own traceback
-(`OSError: [Errno 98] Address already in use`) and exit 1; free, it serves on it.
+(`OSError: [Errno 98] Address already in use`) and exit 1; free, it serves on it. With --host it
+binds that address instead (and says so as vLLM does, in its "non-default args"): one this host
+does not have is `OSError: [Errno 99] Cannot assign requested address`.
 """
 
 import argparse
@@ -33,13 +35,20 @@ def main() -> int:
     parser.add_argument("--term-status", type=int, default=0)
     parser.add_argument("--exit", type=int, default=1)
     parser.add_argument("--bind", type=int)
+    parser.add_argument("--host")
     args = parser.parse_args()
     pid = __import__("os").getpid()
     print(f"(APIServer pid={pid}) INFO vLLM API server version 0.33.0", flush=True)
+    if args.host is not None:
+        print(
+            f"(APIServer pid={pid}) INFO [utils.py:233] non-default args: "
+            f"{{'host': '{args.host}', 'port': {args.bind or 0}}}",
+            flush=True,
+        )
     if args.bind is not None:
-        server = socket.socket()
+        server = socket.socket(socket.AF_INET6 if ":" in (args.host or "") else socket.AF_INET)
         try:
-            server.bind(("0.0.0.0", args.bind))
+            server.bind((args.host or "0.0.0.0", args.bind))
         except OSError:
             traceback.print_exc(file=sys.stdout)
             sys.stdout.flush()

@@ -1,0 +1,112 @@
+"""A halt whose own cause goes away starts the unit by itself, under a real systemd 252 (in
+systemd-nspawn): nobody acts.
+
+Seen on this systemd before: a port held by any local user for a moment, or a model mount that
+came late at boot, left the unit down once the cause was gone, until a person started it (the
+halt lifted only at a start nobody made); a server started before its listen address existed
+was halted after 3 crashes 45 s after boot, its person's start refused, `release` needed. Now
+the gate has systemd run `vllm-supervisor recheck` a little later, and again while the cause
+holds; the recheck lifts the halt and starts the unit once the port is free or the address is
+there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+from nspawn import Container, wait_for
+from served import UNIT, container, history, invocations_that_ran, start_supervisor
+from test_port_e2e import BLOCKER, HOLDER, HOLDER_UID, free_port, gate_says, listening
+from test_trust_e2e import FAKE, install, serving_now
+
+pytestmark = pytest.mark.nspawn
+__all__ = ["container"]  # the fixture, used by name
+
+CONFIG = """[[unit]]
+name = "{unit}"
+port = {port}
+
+[metrics]
+listen = "127.0.0.1:9464"
+"""
+# TEST-NET-1 (RFC 5737): no interface has it until the test adds it to the loopback device,
+# and nothing sends a packet to it (the fake server binds it, nobody connects).
+ADDRESS = "192.0.2.77"
+ADDRESS_COMES_S = 60.0
+
+
+def recheck_says(box: Container, words: str) -> bool:
+    """True once the recheck's transient service logged `words`."""
+    lines = box.journal("-u", "vllm-supervisor-hold-*")
+    return any(words in str(e.get("MESSAGE")) for e in lines)
+
+
+def test_a_port_squat_that_ends_gives_the_unit_back_within_a_minute(
+    container: Container,
+) -> None:
+    """A local user's server holds the unit's port across its restart: halted at the first
+    crash; the user leaves, and the unit serves again within a minute with nobody acting."""
+    port = free_port()
+    container.write_file("/etc/sysusers.d/holder.conf", f"u {HOLDER} {HOLDER_UID} - -\n")
+    container.run("systemd-sysusers")
+    command = f"/usr/bin/python3 -m http.server {port} --bind 127.0.0.1"
+    container.write_file(
+        f"/etc/systemd/system/{BLOCKER}", f"[Service]\nUser={HOLDER}\nExecStart={command}\n"
+    )
+    install(container, f"{FAKE} --bind {port}", sec="1s")
+    container.systemctl("start", BLOCKER)
+    wait_for(lambda: listening(container, port), timeout=20, what="the blocker to listen")
+    start_supervisor(container, CONFIG.format(unit=UNIT, port=port))
+    container.systemctl("start", "--no-block", UNIT)
+    wait_for(lambda: gate_says(container, "checked again at"), timeout=40, what="a recheck armed")
+    (first, *_) = history(container)
+    assert (first["decision"]["action"], first["decision"]["rule"]) == ("halt", "port_held")
+
+    container.systemctl("stop", BLOCKER)
+    left = time.monotonic()
+    wait_for(lambda: serving_now(container), timeout=75, what="the unit to serve by itself")
+    assert time.monotonic() - left <= 60 + 5  # the recheck's most, and the start's own time
+    assert recheck_says(container, f"the halt is lifted, port {port} is free now")
+    assert len(invocations_that_ran(container)) == 2
+
+
+@contextlib.contextmanager
+def address_cleaned_up(box: Container) -> Iterator[None]:
+    """ADDRESS off the loopback device before and after: the container shares this host's
+    network."""
+    box.run("ip", "address", "del", f"{ADDRESS}/32", "dev", "lo", check=False)
+    try:
+        yield
+    finally:
+        box.run("ip", "address", "del", f"{ADDRESS}/32", "dev", "lo", check=False)
+
+
+def test_a_server_started_before_its_address_exists_serves_once_it_is_there(
+    container: Container,
+) -> None:
+    port = free_port()
+    install(container, f"{FAKE} --host {ADDRESS} --bind {port}", sec="1s")
+    start_supervisor(container, CONFIG.format(unit=UNIT, port=port))
+    with address_cleaned_up(container):
+        booted = time.monotonic()
+        container.systemctl("start", "--no-block", UNIT)
+        wait_for(lambda: gate_says(container, "checked again at"), timeout=40, what="a recheck")
+        (first, *_) = history(container)
+        assert first["decision"]["action"] == "halt", first["decision"]
+        assert f"listen address {ADDRESS} is not on this host" in first["decision"]["reason"]
+        wait_for(
+            lambda: time.monotonic() - booted >= ADDRESS_COMES_S,
+            timeout=ADDRESS_COMES_S + 5,
+            what="the address's time",
+            interval=1,
+        )
+        assert serving_now(container) is None  # nothing started it while the address was away
+        container.run("ip", "address", "add", f"{ADDRESS}/32", "dev", "lo")  # a late NIC
+        came = time.monotonic()
+        wait_for(lambda: serving_now(container), timeout=75, what="the unit to serve by itself")
+        assert time.monotonic() - came <= 60 + 5
+        assert recheck_says(container, f"{ADDRESS} is an address of this host now")
+        assert len(invocations_that_ran(container)) == 2  # halted at the 1st, never again
