@@ -50,6 +50,7 @@ from .loop.checkpoint import Checkpointer, Position
 from .loop.gates import GateService
 from .loop.reload import PartReload, Reloader
 from .loop.replay import Replay
+from .loop.serving_again import ServingAgain
 from .loop.settle import Settler
 from .notify.fanout import Notifications, build_notifications
 from .notify.slack import SlackSink
@@ -307,6 +308,10 @@ def compose_daemon(
         sources=sources,
         wakers=wakers,
         shutdown_grace_s=shutdown_grace_s,
+        # Only a daemon that acts holds starts: its paced units' serving again ends the hold.
+        serving_again=ServingAgain(Holds(hold_dir(config.state.runtime_dir)))
+        if actor is not None
+        else None,
     )
 
 

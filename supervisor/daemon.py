@@ -40,6 +40,7 @@ from .loop.checkpoint import Checkpointer
 from .loop.gates import GateService
 from .loop.reload import Reloader
 from .loop.replay import Replay
+from .loop.serving_again import ServingAgain
 from .loop.settle import Settler
 from .model import Ended, Invocation, JournalEntry, Outcome
 from .pipeline import Pipeline, SuppressionNotice
@@ -94,8 +95,10 @@ class Daemon:
         sources: Sequence[OutcomeSource] = (),
         wakers: Sequence[Callable[[], None]] = (),
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+        serving_again: ServingAgain | None = None,
     ) -> None:
         self.config = config
+        self._serving_again = serving_again
         self.reader, self.pipeline = parts.reader, parts.pipeline
         self.checkpointer, self.lanes = parts.checkpointer, parts.lanes
         self._replay, self._settler = parts.replay, parts.settler
@@ -123,6 +126,7 @@ class Daemon:
             state=self.state,
             status=self._report_status,
             wake_sinks=self._wake_sinks,
+            held=serving_again.held if serving_again is not None else lambda unit: None,
         )
         self._remain = Nursery()  # looks for RemainAfterExit= ends after systemd's signals
         self.loop_lag = LoopLag(metrics.loop_lag)
@@ -234,6 +238,10 @@ class Daemon:
         for hook in self.hooks:
             batch = hook.entries(batch)
         recorded = self.record(self.pipeline.feed(batch))
+        if self._serving_again is not None:
+            here = self.machine_id or None
+            told = self._serving_again.check(lambda unit: self.pipeline.open_invocation(unit, here))
+            self.checkpointer.told(told)
         self.state.entries += len(batch)
         self.metrics.entries_read(len(batch))
         if batch:
@@ -354,6 +362,8 @@ class Daemon:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
         self.pipeline.forget(unit)
         self.metrics.units_halted(unit, False)
+        if self._serving_again is not None:
+            self._serving_again.released(unit)
         for wake in self.wakers:
             wake()
         log.info("unit_released", unit=unit)

@@ -293,6 +293,8 @@ class Rule(StrEnum):
     UNKNOWN_REPEAT = "unknown_repeat"
     UNKNOWN_NO_CAUSE = "unknown_no_cause"
     UNKNOWN_AFTER_SERVING = "unknown_after_serving"
+    # A paced unit serves again: its hold ended (supervisor.loop.serving_again), told once.
+    SERVING_AGAIN = "serving_again"
     # Not the present invocation: recorded, not acted on (supervisor.actions.actor).
     LATE = "late"
     OTHER_HOST = "other_host"
@@ -489,11 +491,14 @@ class Pace:
 
     delay_s: float
     crashes: int
+    # Whether no hold of the unit stood before this one (the actor knows: the record was not
+    # there, or serving again or `release` removed it); None before it was carried out.
+    begins: bool | None = None
 
     @property
     def first(self) -> bool:
-        """True for the hold that begins pacing: the one that is told."""
-        return self.crashes <= PACE_FIRST_CRASH
+        """True for the hold that begins pacing (again): the one that is told."""
+        return self.begins if self.begins is not None else self.crashes <= PACE_FIRST_CRASH
 
     def to_json(self) -> dict[str, Any]:
         return {"delay_s": self.delay_s, "crashes": self.crashes}

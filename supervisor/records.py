@@ -103,7 +103,12 @@ def _pace(raw: Any) -> Pace | None:
     """A held start's pace, as `_fields` wrote it (None for a record of an earlier version)."""
     if not isinstance(raw, Mapping):
         return None
-    return Pace(delay_s=float(raw["delay_s"]), crashes=int(raw["crashes"]))
+    begins = raw.get("begins")
+    return Pace(
+        delay_s=float(raw["delay_s"]),
+        crashes=int(raw["crashes"]),
+        begins=begins if isinstance(begins, bool) else None,
+    )
 
 
 def _invocation(raw: Mapping[str, Any]) -> Invocation:

@@ -119,6 +119,7 @@ class Actor:
             signature=outcome.verdict.signature,
         )
         try:
+            begins = self._holds.read(unit) is None  # no hold stands: pacing begins (again)
             await self._holds.write(hold)
         except OSError as exc:
             log.error("hold_failed", unit=unit, error=str(exc))
@@ -145,6 +146,9 @@ class Actor:
             detail = f"{detail}; restarted into its gate, which holds it"
         elif restarted.taken is Taken.DOWN:
             detail = f"{detail}; {restarted.taken_detail}"
+        if pace is not None:
+            decision = dataclasses.replace(decision, pace=dataclasses.replace(pace, begins=begins))
+            outcome = dataclasses.replace(outcome, decision=decision)
         return _taken(outcome, Taken.HELD, detail)
 
     async def _halt(self, unit: str, outcome: Outcome, judgement: Judgement) -> Outcome:

@@ -69,7 +69,10 @@ class Acting:
         state: LoopState,
         status: Callable[[], None],
         wake_sinks: Callable[[], None],
+        held: Callable[[str], None] = lambda unit: None,
     ) -> None:
+        """`held` is told of each unit whose start was held (pacing)."""
+        self._held = held
         self._pipeline = pipeline
         self._actor = actor
         self._hooks = tuple(hooks)
@@ -134,6 +137,8 @@ class Acting:
                 )
         if outcome.taken is Taken.HALTED:
             self._state.halts += 1
+        if outcome.taken is Taken.HELD and outcome.invocation.unit is not None:
+            self._held(outcome.invocation.unit)
         verdict = outcome.verdict
         self._state.last_verdict = (
             f"{outcome.invocation.unit}: {verdict.signature or verdict.severity}"

@@ -72,6 +72,7 @@ class Checkpointer:
         self.undecided: list[Ended] = []  # ended, to be decided, not yet committed
         self.decisions: list[Outcome] = []  # decided, pending action, not yet committed
         self.pending: list[Outcome] = []  # taken, not yet committed (history, messages)
+        self.messages: list[Outcome] = []  # messages only, not yet committed (no history)
         self.commit_error: str | None = None  # why the last commit failed; None once one succeeds
         self.state_errors = 0
         self._lock = asyncio.Lock()
@@ -95,6 +96,11 @@ class Checkpointer:
         """Note what was done about decided outcomes: their history and messages."""
         self.pending += outcomes
 
+    def told(self, outcomes: Sequence[Outcome]) -> None:
+        """Note messages that are no invocation's crash (a paced unit serves again): queued
+        with the next commit, kept out of history."""
+        self.messages += outcomes
+
     async def commit(self, *, force: bool = False) -> bool:
         """Commit what is noted (only a position: at most every `interval_s` unless `force`);
         False when the commit failed (it is retried) or was left for later."""
@@ -102,7 +108,7 @@ class Checkpointer:
             return await self._commit(force=force)
 
     async def _commit(self, *, force: bool) -> bool:
-        noted = bool(self.undecided or self.decisions or self.pending)
+        noted = bool(self.undecided or self.decisions or self.pending or self.messages)
         noted = noted or self.commit_error is not None
         if not (force or noted) and self._clock() - self._committed_at < self.interval_s:
             # Nothing was decided: the cursor alone can wait (see run_quiet). Entries read
@@ -112,7 +118,9 @@ class Checkpointer:
             return False
         ended, decisions, pending = list(self.undecided), list(self.decisions), list(self.pending)
         position = self.position
-        writers = [self.notifier.writer_for(o) for o in pending] if self.notifier else []
+        messages = list(self.messages)
+        told = [*pending, *messages]
+        writers = [self.notifier.writer_for(o) for o in told] if self.notifier else []
         try:
             await self.store.acommit_batch(
                 checkpoint=position.checkpoint,
@@ -132,6 +140,7 @@ class Checkpointer:
         del self.undecided[: len(ended)]
         del self.decisions[: len(decisions)]
         del self.pending[: len(pending)]
+        del self.messages[: len(messages)]
         self.committed = position.checkpoint
         self._committed_at = self._clock()
         return True

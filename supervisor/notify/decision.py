@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..model import ENDINGS, Action, News, Outcome, Severity, Taken
+from ..model import ENDINGS, Action, News, Outcome, Rule, Severity, Taken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +74,8 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
     """Whether and how `outcome` is told."""
     if not endpoint:
         return NotifyReason.OFF
+    if outcome.decision.rule is Rule.SERVING_AGAIN:
+        return NotifyReason.ALONE  # the end of a paced loop's story: no crash, still news
     if not is_notable(outcome):
         return NotifyReason.NOT_NEWS
     if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):

@@ -312,6 +312,24 @@ REPEAT_NOTE = (
 )
 
 
+def _serving_again(outcome: Outcome, host: str) -> dict[str, Any]:
+    """The message that ends a paced loop's story: the unit serves again (no crash)."""
+    unit = outcome.invocation.unit or "unknown"
+    header = truncate(
+        escape(f":white_check_mark: {unit} serves again on {_host(outcome, host)}"), HEADER_LIMIT
+    )
+    said = f"Since {_when(outcome)}: {outcome.decision.reason}."
+    return {
+        "text": truncate(
+            escape(f"{unit} serves again on {_host(outcome, host)}. {said}"), FALLBACK_LIMIT
+        ),
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": header}},
+            _section("Pacing ended", truncate(escape(said), SECTION_LIMIT)),
+        ],
+    }
+
+
 def as_repeat(payload: dict[str, Any]) -> dict[str, Any]:
     """A queued message that may have gone out already, marked so at its top."""
     if not isinstance(payload, dict):
@@ -327,6 +345,8 @@ def as_repeat(payload: dict[str, Any]) -> dict[str, Any]:
 
 def build_payload(outcome: Outcome, *, host: str, group: Group | None = None) -> dict[str, Any]:
     """The webhook body for one crash (or a group of transient or late ones); pure."""
+    if outcome.decision.rule is Rule.SERVING_AGAIN:
+        return _serving_again(outcome, host)
     action = outcome.taken
     return {
         "text": _fallback(outcome, host, action, group),
