@@ -4,10 +4,11 @@ Every labelled log of the corpus (tests/data/corpus, plus `--corpus DIR`...) is 
 5-invocation crash loop of `vllm.service` under `Restart=always` into a real journal
 (bench/crashloop.py, systemd-journal-remote) and read back by `supervisor.commands.triage.collect`,
 the daemon's own Pipeline. Per log: the decision of each invocation, whether the first crash
-halted, the restarts a fatal loop wasted, whether a transient loop was halted, and whether
-invocation 1's root cause holds the label's key. Verdicts and decisions are read only through
-`Outcome.to_json()` (the JSON contract), so the bench survives rewrites of the tracker, classifier
-and policy.
+halted, the restarts a fatal loop wasted, whether a transient loop was halted, whether
+invocation 1's root cause holds the label's key, what the loop would cost a real unit over a day
+(`restarts_per_day`, DayModel) and whether it was left unbounded (neither halted nor held).
+Verdicts and decisions are read only through `Outcome.to_json()` (the JSON contract), so the
+bench survives rewrites of the tracker, classifier and policy.
 
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase, served_s: a serving log is replayed after a serving line and that
@@ -21,7 +22,9 @@ transient ones halted by repetition, for tests/test_bench_decisions.py),
 `--reader auto|native|journalctl`, `--blind` (each log scored with a table that lacks the
 signatures written from its own source and its near duplicates: bench/decisions_blind.py; the
 text report then puts blind and seen side by side), `--format json` (only the headline counts,
-for "all" and per engine, on stdout).
+for "all" and per engine, on stdout), `--load-s S` and `--restart-s S` (the day's cost model:
+each start of a loop loads for S seconds before it crashes, 600 by default, a large model's
+10 minutes; systemd's RestartSec=, 10 by default, the shipped drop-in's).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import time
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +58,12 @@ from bench.decisions_blind import (
     source_urls,
     without,
 )
-from bench.decisions_report import render, tally_all
+from bench.decisions_report import Tally, render, tally_all
 from vllm_supervisor.classify.signatures import SignatureTable
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.triage import collect
 from vllm_supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
+from vllm_supervisor.decide.pacing import SECONDS_PER_DAY, Schedule
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "data" / "corpus"
@@ -67,6 +71,8 @@ BASELINE = Path(__file__).resolve().parent / "decisions_baseline.json"
 UNIT = "vllm.service"
 INVOCATIONS = 5
 DEFAULT_SERVED_S = 1800.0  # a serving log without served_s: it had served for half an hour
+DEFAULT_LOAD_S = 600.0  # a large model's load: what a start of a loop runs before it crashes
+DEFAULT_RESTART_S = 10.0  # RestartSec= of the shipped drop-in (deploy/)
 ENGINES = ("vllm", "sglang", "tgi", "other")
 SEVERITIES = ("fatal", "transient", "either")
 _SGLANG_PREFIX = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]{2}\d+)+\]")
@@ -228,6 +234,39 @@ def replay(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DayModel:
+    """What a loop costs a real unit over a day, where the replay stops after 5 crashes: each
+    start loads for `load_s` (and a serving log's start then serves its `served_s`) before it
+    crashes, systemd waits `restart_s` (RestartSec=) before the next, and a held loop's starts
+    follow the shipped pacing schedule."""
+
+    load_s: float = DEFAULT_LOAD_S
+    restart_s: float = DEFAULT_RESTART_S
+    schedule: Schedule = field(default_factory=Schedule)
+
+    def describe(self) -> str:
+        """In words, for the printed report."""
+        return (
+            f"each start loads {self.load_s:g} s (a serving log's then serves its served_s) "
+            f"before it crashes, RestartSec={self.restart_s:g} s, held loops paced by "
+            f"the shipped schedule ({self.schedule.first_s:g} s doubling to "
+            f"{self.schedule.max_s:g} s)"
+        )
+
+
+def restarts_per_day(actions: Sequence[str | None], *, run_s: float, model: DayModel) -> float:
+    """A loop's restarts over 24 h from its replayed decisions, each start running `run_s`
+    before it crashes: halted at its k-th crash, k - 1 for the whole day (the halt holds until
+    a person acts); held, the pacing schedule's starts less the first; neither, systemd
+    restarts it at its own pace all day."""
+    if "halt" in actions:
+        return float(list(actions).index("halt"))
+    if "hold" in actions:
+        return model.schedule.starts_per_day(run_s, model.restart_s) - 1
+    return SECONDS_PER_DAY / (run_s + model.restart_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Score:
     """The figures of one log's loop."""
 
@@ -237,6 +276,10 @@ class Score:
     halt_rule: str | None  # the policy rule of that halt (decision.rule)
     restarts_wasted: int | None  # fatal logs: restarts that ran only to crash again
     wrongly_halted: bool | None  # transient logs: any halt
+    restarts_per_day: float  # every log: its loop's restarts over a day (DayModel)
+    # Neither halted nor held in the replay though its starts end within the pacing's reset:
+    # systemd restarts it at its own pace all day.
+    unbounded: bool
     root_ok: bool
     no_cause: bool  # invocation 1 failed and has no root-cause line
     root_cause: str | None  # invocation 1's verdict, as the JSON contract names it
@@ -248,9 +291,10 @@ class Score:
     problems: tuple[str, ...] = ()  # anything not as a 5-invocation loop should come out
 
 
-def score(run: LogRun) -> Score:
-    """The figures of one run (pure: only the JSON contract's fields are read)."""
-    log = run.log
+def score(run: LogRun, model: DayModel | None = None) -> Score:
+    """The figures of one run (pure: only the JSON contract's fields are read); a day's cost
+    by `model` (DayModel's defaults when None)."""
+    log, model = run.log, model or DayModel()
     by_id = {o.get("invocation_id"): o for o in run.outcomes}
     ordered = [by_id.get(i) for i in run.invocation_ids] or [None] * INVOCATIONS
     actions = tuple((o or {}).get("decision", {}).get("action") for o in ordered)
@@ -268,6 +312,12 @@ def score(run: LogRun) -> Score:
         # Every restart after the first crash that ran only to crash again.
         restarts_wasted=(halted_at or INVOCATIONS) - 1 if fatal else None,
         wrongly_halted=halted_at is not None if transient else None,
+        restarts_per_day=restarts_per_day(actions, run_s=model.load_s + log.served_s, model=model),
+        # A loop whose starts each run past the reset (they served for half an hour) is bounded
+        # by its own runs: pacing, like Kubernetes' back-off, starts afresh after 10 minutes.
+        unbounded=halted_at is None
+        and "hold" not in actions
+        and log.served_s < model.schedule.reset_s,
         root_ok=not log.key or (root_cause is not None and log.key in root_cause),
         no_cause=_failed(first) and root_cause is None,
         root_cause=root_cause,
@@ -399,6 +449,7 @@ def report_json(
     argv: Sequence[str],
     reader: str,
     blind: Mapping[LabelledLog, SourceGroup] | None = None,
+    model: DayModel | None = None,
 ) -> dict[str, Any]:
     """Everything the run found, as one JSON object (a blind run adds each log's group)."""
     extra = (
@@ -415,6 +466,7 @@ def report_json(
         "corpora": sorted({run.log.corpus for run in runs}),
         "unit": UNIT,
         "invocations_per_loop": INVOCATIONS,
+        "day_model": asdict(model or DayModel()),
         "seconds": round(seconds, 2),
         "tables": {k: asdict(v) for k, v in tally_all(runs, scores).items()},
         "logs": [
@@ -464,10 +516,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="text",
         help="json: only the headline counts, for all logs and per engine",
     )
+    parser.add_argument(
+        "--load-s",
+        type=_seconds,
+        default=DEFAULT_LOAD_S,
+        metavar="S",
+        help="restarts_per_day: what each start of a loop runs before it crashes (a large "
+        "model's load; default %(default)g)",
+    )
+    parser.add_argument(
+        "--restart-s",
+        type=_seconds,
+        default=DEFAULT_RESTART_S,
+        metavar="S",
+        help="restarts_per_day: systemd's RestartSec= (default %(default)g, the shipped drop-in's)",
+    )
     args = parser.parse_args(argv)
+    if args.load_s + args.restart_s <= 0:
+        parser.error("--load-s and --restart-s: a start and its restart take some time")
     if args.write_baseline and (args.only or args.signatures or args.corpus or args.blind):
         parser.error("--write-baseline is for the shipped table on tests/data/corpus alone")
     return args
+
+
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds from the command line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -489,21 +569,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     runs = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures, blind=blind)
     seconds = time.perf_counter() - started
-    scores = [score(run) for run in runs]
+    model = DayModel(load_s=args.load_s, restart_s=args.restart_s)
+    scores = [score(run, model) for run in runs]
     notes = sys.stderr if args.format == "json" else sys.stdout
     if args.format == "json":
         print(json.dumps(figures(tally_all(runs, scores)), indent=2))
     else:
         if blind is not None:
             print("BLIND: every log below was replayed without the signatures written from it")
-        print(render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader))
+        print(
+            render(runs, scores, seconds=seconds, jobs=args.jobs, reader=args.reader, model=model)
+        )
     if blind is not None and args.format == "text":
         seen = run_all(logs, jobs=args.jobs, reader=args.reader, signatures=signatures)
-        print(_blind_summary(logs, blind, tally_all(runs, scores), seen))
+        seen_tallies = tally_all(seen, [score(run, model) for run in seen])
+        print(_blind_summary(logs, blind, tally_all(runs, scores), seen_tallies))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         data = report_json(
-            runs, scores, seconds=seconds, argv=argv, reader=args.reader, blind=blind
+            runs, scores, seconds=seconds, argv=argv, reader=args.reader, blind=blind, model=model
         )
         args.json.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {args.json}", file=notes)
@@ -524,8 +608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _blind_summary(
     logs: Sequence[LabelledLog],
     blind: Mapping[LabelledLog, SourceGroup],
-    tallies: Mapping[str, Any],
-    seen: Sequence[LogRun],
+    tallies: Mapping[str, Tally],
+    seen: Mapping[str, Tally],
 ) -> str:
     """What the blind tables lacked, then blind and seen side by side."""
     groups = {blind[log] for log in logs}
@@ -538,7 +622,7 @@ def _blind_summary(
             f"{len(logs)} logs in {len(groups)} source groups, {lacking} of them without at "
             f"least one signature ({average:.1f} on average). Blind / seen (the whole table):",
             "",
-            side_by_side(tallies, tally_all(seen, [score(run) for run in seen])),
+            side_by_side(tallies, seen),
         ]
     )
 

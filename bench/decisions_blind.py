@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.decisions_report import Tally
+from bench.decisions_report import Tally, per_day
 from vllm_supervisor.classify.fingerprint import normalise
 from vllm_supervisor.classify.schema import SignatureSpec, parse_table_file
 from vllm_supervisor.classify.signatures import (
@@ -42,6 +42,8 @@ JSON_KEYS = (
     "transient_halted",
     "root_cause_right",
     "logs",
+    "restarts_per_day",
+    "unbounded_loops",
 )
 
 
@@ -176,6 +178,9 @@ def figures(tallies: Mapping[str, Tally]) -> dict[str, dict[str, int]]:
             "transient_halted": t.transient_halted,
             "root_cause_right": t.root_ok,
             "logs": t.logs,
+            # Whole restarts: the day's figure is a model's (bench.decisions.DayModel).
+            "restarts_per_day": round(t.restarts_per_day),
+            "unbounded_loops": t.unbounded_loops,
         }
         for row, t in sorted(tallies.items(), key=lambda item: item[0] != "overall")
     }
@@ -185,9 +190,10 @@ def side_by_side(blind: Mapping[str, Tally], seen: Mapping[str, Tally]) -> str:
     """Blind and seen figures in one Markdown table, a row per engine and one for all."""
     rows = [
         "| engine | logs | fatal halted 1st: blind / seen | restarts wasted: blind / seen | "
+        "restarts a day: blind / seen | unbounded loops: blind / seen | "
         "transient halted: blind / seen | root cause right: blind / seen | "
         "fatal whose cause line is in the log, halted 1st: blind / seen |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in sorted(blind, key=lambda row: row == "overall"):
         b, s = blind[name], seen[name]
@@ -198,6 +204,8 @@ def side_by_side(blind: Mapping[str, Tally], seen: Mapping[str, Tally]) -> str:
             str(b.logs),
             f"{b.fatal_halted_first} / {s.fatal_halted_first} of {b.fatal}",
             f"{b.restarts_wasted} / {s.restarts_wasted}",
+            f"{per_day(b)} / {per_day(s)}",
+            f"{b.unbounded_loops} / {s.unbounded_loops}",
             f"{b.transient_halted} / {s.transient_halted} of {b.transient}",
             f"{b.root_ok} / {s.root_ok}",
             f"{b.fatal_keyed_halted_first} / {s.fatal_keyed_halted_first} of {b.fatal_keyed}",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.decisions import LogRun, Score
+    from bench.decisions import DayModel, LogRun, Score
 
 ROWS = ("vllm", "sglang", "tgi", "other", "overall")
 
@@ -24,6 +24,10 @@ class Tally:
     fatal_keyed: int = 0
     fatal_keyed_halted_first: int = 0
     restarts_wasted: int = 0
+    # Every loop, fatal, transient or either: its restarts over a day on a real unit
+    # (bench.decisions.DayModel), and the loops neither halted nor held within the replay.
+    restarts_per_day: float = 0.0
+    unbounded_loops: int = 0
     transient: int = 0
     transient_halted: int = 0
     either: int = 0
@@ -51,6 +55,8 @@ class Tally:
         else:
             self.either += 1
             self.either_halted_first += score.halted_first
+        self.restarts_per_day += score.restarts_per_day
+        self.unbounded_loops += score.unbounded
         self.root_ok += score.root_ok
         if run.log.key:
             self.keyed += 1
@@ -72,14 +78,19 @@ def _pct(part: int, whole: int) -> str:
     return f"{part} ({100 * part / whole:.0f}%)" if whole else "-"
 
 
+def per_day(t: Tally) -> str:
+    """A row's restarts a day: the sum over its loops, and the mean of a loop."""
+    return f"{t.restarts_per_day:,.0f} ({t.restarts_per_day / max(t.logs, 1):.1f} a loop)"
+
+
 def table(tallies: dict[str, Tally]) -> str:
     """The per-engine table, as Markdown (pasted as is into bench/README.md)."""
     head = (
         "| engine | logs | fatal loops | fatal halted on 1st crash | restarts wasted | "
-        "transient loops | transient halted | either: halted 1st / not | root cause right | "
-        "no cause (inv. 1) | pipeline errors |"
+        "restarts a day | unbounded loops | transient loops | transient halted | "
+        "either: halted 1st / not | root cause right | no cause (inv. 1) | pipeline errors |"
     )
-    rows = [head, "|" + "---|" * 11]
+    rows = [head, "|" + "---|" * 13]
     for name, t in tallies.items():
         if not t.logs and name != "overall":
             continue
@@ -89,6 +100,8 @@ def table(tallies: dict[str, Tally]) -> str:
             str(t.fatal),
             _pct(t.fatal_halted_first, t.fatal),
             str(t.restarts_wasted),
+            per_day(t),
+            str(t.unbounded_loops),
             str(t.transient),
             str(t.transient_halted),
             f"{t.either_halted_first} / {t.either - t.either_halted_first}",
@@ -139,6 +152,38 @@ def misses(runs: Sequence[LogRun], scores: Sequence[Score]) -> Iterator[tuple[st
         )
 
 
+_AFTER_SERVING_RULES = frozenset({"fatal_after_serving", "unknown_after_serving"})
+
+
+def served_before_crashing(outcome: Mapping[str, Any]) -> bool:
+    """The start served before it crashed, as the policy read it: the journal's serving line,
+    a rule for crashes after serving, or the verdict's phase (`Phase.describe()` in its
+    severity_reason: frames of request handling where the journal shows no serving line).
+    Pacing (policy rule 7) counts only crashes of starts that never served."""
+    verdict, decision = outcome.get("verdict") or {}, outcome.get("decision") or {}
+    return (
+        outcome.get("served") is True
+        or decision.get("rule") in _AFTER_SERVING_RULES
+        or "after serving" in str(verdict.get("severity_reason") or "")
+    )
+
+
+def unbounded(runs: Sequence[LogRun], scores: Sequence[Score]) -> Iterator[str]:
+    """One line for every loop neither halted nor held within the replay (systemd restarts it
+    at its own pace all day): its decisions, which starts served before crashing (s) and
+    invocation 1's rule."""
+    for run, score in zip(runs, scores, strict=True):
+        if not score.unbounded:
+            continue
+        served = "".join("s" if served_before_crashing(o) else "-" for o in run.outcomes)
+        rule = (run.outcomes[0].get("decision") or {}).get("rule") if run.outcomes else None
+        actions = " ".join(a or "-" for a in score.actions)
+        yield (
+            f"{run.log.file}  [{run.log.severity}, {run.log.engine}]  [{actions}]  "
+            f"served [{served or '?'}]  rule {rule}  {score.restarts_per_day:.1f} a day"
+        )
+
+
 def _cut(text: str | None, limit: int = 240) -> str:
     if text is None:
         return "None"
@@ -146,7 +191,13 @@ def _cut(text: str | None, limit: int = 240) -> str:
 
 
 def render(
-    runs: Sequence[LogRun], scores: Sequence[Score], *, seconds: float, jobs: int, reader: str
+    runs: Sequence[LogRun],
+    scores: Sequence[Score],
+    *,
+    seconds: float,
+    jobs: int,
+    reader: str,
+    model: DayModel,
 ) -> str:
     """The whole printed report."""
     corpora = sorted({run.log.corpus for run in runs})
@@ -157,8 +208,17 @@ def render(
         f"{sum(r.seconds for r in runs) / max(len(runs), 1):.2f} s per log",
         "",
         table(tally_all(runs, scores)),
+        f"restarts a day: {model.describe()}",
         "",
     ]
+    loose = list(unbounded(runs, scores))
+    out.append(
+        f"unbounded loops ({len(loose)}): neither halted nor held within the replay, restarted "
+        "at systemd's pace all day (served: s = that start served before it crashed)"
+        if loose
+        else "unbounded loops: none"
+    )
+    out += [*loose, ""]
     listed = list(misses(runs, scores))
     out.append(f"misses ({len(listed)}):" if listed else "misses: none")
     out += [paragraph for _, paragraph in listed]

@@ -12,11 +12,15 @@ After an improvement, `python -m bench.decisions --write-baseline` records the n
 The blind measure (`--blind`, bench/decisions_blind.py) is checked for what it leaves out: every
 shipped signature names what it was written from, and a log's blind table lacks those
 signatures. Nothing here is timed.
+A loop's cost over a day (`restarts_per_day`, bench.decisions.DayModel) is checked against
+hand-computed figures, and every loop of starts that never served must be halted or held (paced)
+within the replay (`unbounded_loops`), blind and seen.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -33,6 +37,7 @@ from bench.decisions import (
     BASELINE,
     CORPUS,
     INVOCATIONS,
+    DayModel,
     LabelledLog,
     LogRun,
     Score,
@@ -40,6 +45,7 @@ from bench.decisions import (
     infer_engine,
     journal_lines,
     read_index,
+    restarts_per_day,
     run_all,
     score,
     select,
@@ -55,12 +61,13 @@ from bench.decisions_blind import (
     source_urls,
     without,
 )
-from bench.decisions_report import tally_all
+from bench.decisions_report import served_before_crashing, tally_all, unbounded
 from vllm_supervisor.classify.logline import annotate
 from vllm_supervisor.classify.schema import SignatureSpec, WrittenFrom
 from vllm_supervisor.classify.signatures import SignatureTable, load_signature_table
 from vllm_supervisor.commands.triage import collect
 from vllm_supervisor.config import Config
+from vllm_supervisor.decide.pacing import Schedule
 from vllm_supervisor.model import LogLine, Severity
 
 REPO = Path(__file__).resolve().parent.parent
@@ -230,6 +237,106 @@ class TestScore:
         s = score(LogRun(log=log, invocation_ids=(), outcomes=(), error=error))
         assert (s.halted_at, s.restarts_wasted) == (None, 4)
         assert s.problems == ("the pipeline raised: ValueError: bad",)
+        assert s.unbounded  # nothing halted or held it: the worst is counted, not hidden
+
+
+HOLD = "hold"
+# The defaults, by hand: a start loads 600 s, then systemd waits 10 s before the next.
+SYSTEMD_PACE = 86400 / (600 + 10)  # 141.64 starts a day
+
+
+class TestRestartsPerDay:
+    @pytest.mark.parametrize(
+        ("actions", "expected"),
+        [
+            # Halted on its 1st crash: one start, no restart, all day.
+            ([HALT] * 5, 0.0),
+            # Halted on its 3rd crash: 2 restarts, then nothing until a person acts.
+            ([ALLOW, ALLOW, HALT, HALT, HALT], 2.0),
+            # Held from the 2nd crash, then halted on the 3rd: the halt ends it.
+            ([ALLOW, HOLD, HALT, HALT, HALT], 2.0),
+            # Neither: systemd restarts it at its own pace all day.
+            ([ALLOW] * 5, SYSTEMD_PACE),
+            # No decision at all (the pipeline raised): nothing stops it either.
+            ([None] * 5, SYSTEMD_PACE),
+        ],
+    )
+    def test_halted_or_unbounded(self, actions: list[str | None], expected: float) -> None:
+        """k - 1 restarts for a loop halted at its k-th crash; 86400 / (600 + 10) = 141.64 for
+        one never halted nor held."""
+        got = restarts_per_day(actions, run_s=600.0, model=DayModel())
+        assert got == pytest.approx(expected)
+
+    def test_held_by_hand(self) -> None:
+        """A held loop follows the schedule: with every hold 3600 s, start 1 ends at 610 s,
+        start 2 at 610 + 600 + 3600 = 4810 s, then one start every 4200 s for the rest of the
+        day: 2 + (86400 - 4810) / 4200 = 21.43 starts, 20.43 restarts."""
+        model = DayModel(schedule=Schedule(first_s=3600.0, max_s=3600.0))
+        got = restarts_per_day([ALLOW, HOLD, HOLD, HOLD, HOLD], run_s=600.0, model=model)
+        assert got == pytest.approx(1 + 81590 / 4200)
+
+    def test_held_by_the_shipped_schedule(self) -> None:
+        """With the defaults, a held loop costs the shipped schedule's starts less the first:
+        far fewer than systemd's pace."""
+        got = restarts_per_day([ALLOW, HOLD, HOLD, HOLD, HOLD], run_s=600.0, model=DayModel())
+        assert got == pytest.approx(Schedule().starts_per_day(600.0, 10.0) - 1)
+        assert 1 < got < SYSTEMD_PACE / 4
+
+    def test_a_score_costs_its_loop(self) -> None:
+        """score() costs each loop by the model: halted at once 0, never stopped at systemd's
+        pace (and unbounded), a serving log's starts running its load and its serving."""
+        halted, loose = score(_run("fatal", "", [HALT] * 5)), score(_run("fatal", "", [ALLOW] * 5))
+        assert (halted.restarts_per_day, halted.unbounded) == (0.0, False)
+        assert loose.restarts_per_day == pytest.approx(SYSTEMD_PACE)
+        assert loose.unbounded
+        held = score(_run("transient", "", [ALLOW, HOLD, HOLD, HOLD, HOLD]))
+        assert not held.unbounded
+        run = _run("transient", "", [ALLOW] * 5)
+        serving = LogRun(
+            log=dataclasses.replace(run.log, phase="serving", served_s=1800.0),
+            invocation_ids=run.invocation_ids,
+            outcomes=run.outcomes,
+        )
+        quick = score(serving, DayModel(load_s=60.0, restart_s=1.0))
+        assert quick.restarts_per_day == pytest.approx(86400 / (60 + 1800 + 1))
+
+    def test_tally_sums_every_loop(self) -> None:
+        """A row sums every loop's day, transient and either loops too, and counts the
+        unbounded ones."""
+        runs = [
+            _run("fatal", "", [HALT] * 5),
+            _run("transient", "", [ALLOW] * 5),
+            _run("either", "", [ALLOW] * 5),
+        ]
+        tally = tally_all(runs, [score(run) for run in runs])["vllm"]
+        assert tally.restarts_per_day == pytest.approx(2 * SYSTEMD_PACE)
+        assert tally.unbounded_loops == 2
+        assert figures({"overall": tally})["all"]["restarts_per_day"] == 283
+
+    @pytest.mark.parametrize(
+        ("outcome", "served"),
+        [
+            ({"served": True}, True),
+            ({"served": False, "decision": {"rule": "unknown_after_serving"}}, True),
+            ({"verdict": {"severity_reason": "transient (signature x): X, after serving"}}, True),
+            (
+                {"served": False, "verdict": {"severity_reason": "before the server ever served"}},
+                False,
+            ),
+            ({}, False),
+        ],
+    )
+    def test_served_before_crashing(self, outcome: dict[str, Any], served: bool) -> None:
+        """A start served as the policy read it: the journal's serving line, a rule after
+        serving, or the verdict's phase."""
+        assert served_before_crashing(outcome) is served
+
+    def test_the_report_lists_unbounded_loops(self) -> None:
+        """Every unbounded loop is listed with its decisions and which starts served."""
+        runs = [_run("transient", "", [ALLOW] * 5), _run("fatal", "", [HALT] * 5)]
+        [line] = unbounded(runs, [score(run) for run in runs])
+        assert line.startswith("f.log  [transient, vllm]  [allow-restart allow-restart")
+        assert "served [-----]" in line
 
 
 class TestInputs:
@@ -335,6 +442,7 @@ NAMED = [
     if source.log
 ]
 ENGINE_ROWS = {"all", "vllm", "sglang", "tgi", "other"}
+DAY_KEYS = ("restarts_per_day", "unbounded_loops")
 
 
 def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -562,6 +670,8 @@ class TestBlind:
             "transient_halted": overall.transient_halted,
             "root_cause_right": overall.root_ok,
             "logs": len(corpus_runs),
+            "restarts_per_day": round(sum(s.restarts_per_day for _, s in corpus_runs)),
+            "unbounded_loops": sum(s.unbounded for _, s in corpus_runs),
         }
         assert sum(counts[e]["logs"] for e in ENGINE_ROWS - {"all"}) == len(corpus_runs)
 
@@ -575,6 +685,7 @@ class TestBlind:
         assert blind.returncode == 0, blind.stderr
         assert seen.returncode == 0, seen.stderr
         counts, seen_counts = json.loads(blind.stdout), json.loads(seen.stdout)
+        assert set(JSON_KEYS) >= {"restarts_wasted", "transient_halted", *DAY_KEYS}
         for data in (counts, seen_counts):
             assert set(data) == ENGINE_ROWS
             for row in data.values():
@@ -585,6 +696,25 @@ class TestBlind:
             1,
             0,
         )
+        # Seen, halted on its 1st crash: no restart all day. Blind, held from its 2nd crash:
+        # the shipped schedule's starts less the first; neither is unbounded.
+        held = round(Schedule().starts_per_day(600.0, 10.0) - 1)
+        assert (seen_counts["all"]["restarts_per_day"], counts["all"]["restarts_per_day"]) == (
+            0,
+            held,
+        )
+        assert seen_counts["all"]["unbounded_loops"] == counts["all"]["unbounded_loops"] == 0
+
+    def test_command_line_day_model(self) -> None:
+        """`--load-s` and `--restart-s` set the day's model: a held loop of starts that load
+        for a minute makes more restarts a day than one of 10-minute loads."""
+        fast = _bench("--blind", "--only", "10-*", "--format", "json", "--load-s", "60")
+        assert fast.returncode == 0, fast.stderr
+        held = Schedule().starts_per_day(60.0, 10.0) - 1
+        assert json.loads(fast.stdout)["all"]["restarts_per_day"] == round(held)
+        bad = _bench("--only", "10-*", "--load-s", "0", "--restart-s", "0")
+        assert bad.returncode == 2
+        assert "take some time" in bad.stderr
 
 
 @needs_journal
@@ -601,3 +731,46 @@ def test_command_line_blind_text() -> None:
     # Its label names the cause line (the negative KV cache), so it counts among the fatal
     # logs whose cause is in the log.
     assert side_by_side.rstrip().endswith("| 0 / 1 | 0 / 1 of 1 |")
+
+
+@pytest.fixture(scope="module")
+def blind_runs(groups: dict[LabelledLog, SourceGroup]) -> list[tuple[LogRun, Score]]:
+    runs = run_all(read_index(CORPUS), jobs=1, blind=groups)
+    return [(run, score(run)) for run in runs]
+
+
+def _decisions(run: LogRun, s: Score) -> str:
+    served = "".join("s" if served_before_crashing(o) else "-" for o in run.outcomes)
+    return f"{run.log.file}: decisions {list(s.actions)}, served [{served}]"
+
+
+@needs_journal
+@pytest.mark.parametrize("mode", ["corpus_runs", "blind_runs"])
+class TestWholeDay:
+    def test_no_loop_is_unbounded(self, mode: str, request: pytest.FixtureRequest) -> None:
+        """Every loop is halted or held within the 5 replayed crashes (policy rule 7), blind
+        and seen, but those whose every start ran past the pacing's reset (they served for
+        half an hour: bounded by their own runs): none restarts at systemd's pace all day."""
+        runs: list[tuple[LogRun, Score]] = request.getfixturevalue(mode)
+        loose = [_decisions(run, s) for run, s in runs if s.unbounded]
+        assert not loose, "unbounded loops:\n" + "\n".join(loose)
+        tallies = tally_all([run for run, _ in runs], [s for _, s in runs])
+        assert figures(tallies)["all"]["unbounded_loops"] == 0
+
+    def test_no_transient_loop_is_halted_for_good(
+        self, mode: str, request: pytest.FixtureRequest
+    ) -> None:
+        """A transient loop may be held (paced), never halted, blind and seen."""
+        runs: list[tuple[LogRun, Score]] = request.getfixturevalue(mode)
+        tallies = tally_all([run for run, _ in runs], [s for _, s in runs])
+        halted = [_decisions(run, s) for run, s in runs if s.wrongly_halted]
+        assert figures(tallies)["all"]["transient_halted"] == 0, "\n".join(halted)
+
+    def test_a_day_costs_far_less_than_systemd_alone(
+        self, mode: str, request: pytest.FixtureRequest
+    ) -> None:
+        """Every loop is costed, and halts and holds keep the corpus's day below a quarter of
+        what systemd's pace alone would restart (each loop at 86400 / 610 a day)."""
+        runs: list[tuple[LogRun, Score]] = request.getfixturevalue(mode)
+        day = sum(s.restarts_per_day for _, s in runs)
+        assert 0 < day < len(runs) * SYSTEMD_PACE / 4
