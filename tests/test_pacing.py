@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_policy import CRASHED
 
 from vllm_supervisor.decide.pacing import SECONDS_PER_DAY, Schedule
 from vllm_supervisor.decide.policy import RestartPolicy
@@ -21,14 +22,6 @@ from vllm_supervisor.model import (
     Verdict,
 )
 
-CRASHED = Invocation(
-    unit="vllm.service",
-    invocation_id="i",
-    lines=(),
-    exit_code="exited",
-    exit_status=1,
-    result="exit-code",
-)
 STOPPED = Invocation(
     unit="vllm.service", invocation_id="s", lines=(), result="success", ending=Ending.STOPPED
 )

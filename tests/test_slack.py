@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -114,13 +115,7 @@ class TestPayload:
         huge = "x&" * 5000
         outcome = make_outcome(root_cause=huge, crash_site="y" * 9000, remediation="z" * 9000)
         payload = build_payload(outcome, host="h" * 3000)
-        for block in payload["blocks"]:
-            if block["type"] == "header":
-                assert len(block["text"]["text"]) <= HEADER_LIMIT
-            elif "text" in block:
-                assert len(block["text"]["text"]) <= SECTION_LIMIT
-            for item in block.get("fields", []):
-                assert len(item["text"]) <= FIELD_LIMIT
+        assert_within_limits(payload)
         assert len(payload["text"]) <= SECTION_LIMIT
         assert any(t.endswith(TRUNCATED) for t in _texts(payload))
         for text in _texts(payload):
@@ -333,3 +328,14 @@ class TestDelivery:
         assert logs
         assert SECRET not in repr(logs)
         assert SECRET not in repr(outbox.health())
+
+
+def assert_within_limits(payload: dict[str, Any]) -> None:
+    """Every block of `payload` within Slack's limits (a header, a section, a field)."""
+    for block in payload["blocks"]:
+        if block["type"] == "header":
+            assert len(block["text"]["text"]) <= HEADER_LIMIT
+        elif "text" in block:
+            assert len(block["text"]["text"]) <= SECTION_LIMIT
+        for item in block.get("fields", []):
+            assert len(item["text"]) <= FIELD_LIMIT
