@@ -160,6 +160,20 @@ class TestPolicyPaces:
         ]
         assert [p.delay_s if p else None for p in delays] == [None, 5, 10, 20, 40, 40]
 
+    def test_a_paced_loop_a_reloaded_table_knows_as_fatal_halts_at_its_next_crash(self) -> None:
+        policy = RestartPolicy()
+        _loop(policy, 4)
+        fatal = Verdict(
+            signature="flashinfer_cubin_mismatch",
+            severity=Severity.FATAL,
+            title="t",
+            root_cause="RuntimeError: flashinfer-cubin version (0.6.3) does not match",
+            crashed=True,
+        )
+        decision = policy.decide(CRASHED, fatal, UNSERVED)
+        assert (decision.action, decision.rule) == (Action.HALT, Rule.FATAL_SIGNATURE)
+        assert decision.pace is None
+
     def test_dry_run_says_it_would_hold(self) -> None:
         policy = RestartPolicy()
         policy.decide(CRASHED, NO_CAUSE, UNSERVED, dry_run=True)
@@ -188,3 +202,59 @@ class TestPolicyPaces:
             policy.decide(CRASHED, verdict, Evidence(phase=Phase(served=served, ran_s=ran_s)))
         last = [policy.decide(CRASHED, verdict, UNSERVED) for verdict, _, _ in crashes[:5]]
         assert all(d.action in (Action.HOLD, Action.HALT) for d in last[1:]), last
+
+
+class TestPerHost:
+    """The memory is per (host, unit): a journal directory of several hosts holds each one's
+    runs of the same unit (ARCHITECTURE-REVIEW-2 §2.8: host A halted on its 2nd crash because
+    host B's crash of the same unit counted)."""
+
+    @staticmethod
+    def _on(host: str) -> Invocation:
+        return Invocation(
+            unit="vllm.service",
+            invocation_id=host,
+            host=host,
+            lines=(),
+            exit_code="exited",
+            exit_status=1,
+            result="exit-code",
+        )
+
+    UNKNOWN = Verdict(
+        signature=None,
+        severity=Severity.UNKNOWN,
+        title="t",
+        root_cause="RuntimeError: widget fell over",
+        fingerprint="fp1",
+        crashed=True,
+        confidence=Confidence.HIGH,
+    )
+
+    def test_another_hosts_crash_never_counts_towards_this_hosts_halt(self) -> None:
+        policy = RestartPolicy()
+        decided = [policy.decide(self._on(host), self.UNKNOWN, UNSERVED).action for host in "ABA"]
+        assert decided == [Action.ALLOW_RESTART, Action.ALLOW_RESTART, Action.HOLD]
+        assert policy.decide(self._on("A"), self.UNKNOWN, UNSERVED).action is Action.HALT
+
+    def test_the_memory_survives_a_restart_per_host_and_an_old_one_is_taken_over(self) -> None:
+        policy = RestartPolicy()
+        for host in "AB":
+            policy.decide(self._on(host), NO_CAUSE, UNSERVED)
+        saved = policy.state()
+        assert set(saved) == {"vllm.service\tA", "vllm.service\tB"}
+        again = RestartPolicy(saved)
+        assert again.decide(self._on("A"), NO_CAUSE, UNSERVED).pace is not None
+        legacy = RestartPolicy({"vllm.service": {"crashes": 3, "count": 0}})  # before hosts
+        decision = legacy.decide(self._on("A"), NO_CAUSE, UNSERVED)
+        assert decision.pace is not None and decision.pace.crashes == 4
+        legacy.forget("vllm.service")
+        assert legacy.state() == {}
+
+    @given(
+        st.dictionaries(st.text(max_size=30), st.dictionaries(st.text(max_size=8), st.integers()))
+    )
+    def test_no_saved_state_makes_the_policy_fail(self, state: dict[str, dict[str, int]]) -> None:
+        policy = RestartPolicy(state)  # type: ignore[arg-type]
+        policy.decide(self._on("A"), NO_CAUSE, UNSERVED)
+        assert isinstance(policy.state(), dict)

@@ -38,7 +38,7 @@ Rules, in order:
 
 The policy decides what *should* happen to a unit whose crash is the present one; whether it
 is (the daemon asks systemd) is the actions' business (supervisor.actions). In dry-run it
-reports what it would do. Its memory (the unknown-crash streak per unit) is plain data so the
+reports what it would do. Its memory (the crash streaks per host and unit) is plain data so the
 daemon can persist it.
 """
 
@@ -66,6 +66,7 @@ from ..model import (
 from .pacing import Schedule
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
+_HOST_SEPARATOR = "\t"  # between a unit and its host in a saved key: no unit name holds one
 # Two startup crashes "after about the same time": within this factor, or this many seconds.
 SAME_TIME_FACTOR = 2.0
 SAME_TIME_SLACK_S = 15.0
@@ -99,20 +100,37 @@ def _seconds_or_none(value: object) -> float | None:
 
 
 class RestartPolicy:
-    """Per-unit decisions with a memory of consecutive identical unknown crashes."""
+    """Per-host, per-unit decisions with a memory of consecutive crashes.
+
+    The memory is kept per (host, unit): a journal directory may hold several hosts' runs of
+    the same unit, and another host's crash must never count towards this host's halt or hold.
+    Saved, a key is the unit's name, with its host after a tab (no unit name holds a tab); a
+    key of an earlier version (the unit alone) goes to the first host that crashes the unit.
+    """
 
     def __init__(self, state: dict[str, dict[str, Any]] | None = None) -> None:
-        self._streaks: dict[str | None, _Streak] = {}
-        for unit, value in (state or {}).items():
-            if isinstance(value, dict):
+        self._streaks: dict[tuple[str, str], _Streak] = {}
+        for key, value in (state or {}).items():
+            if isinstance(value, dict) and isinstance(key, str):
                 count, ran_s = value.get("count", 0), value.get("ran_s")
                 crashes = value.get("crashes", 0)
-                self._streaks[unit] = _Streak(
+                unit, _, host = key.partition(_HOST_SEPARATOR)
+                self._streaks[(host, unit)] = _Streak(
                     value.get("fingerprint"),
                     count if isinstance(count, int) else 0,
                     _seconds_or_none(ran_s),
                     crashes if isinstance(crashes, int) and not isinstance(crashes, bool) else 0,
                 )
+
+    def _streak(self, invocation: Invocation) -> _Streak:
+        """The memory of `invocation`'s host and unit (an earlier version's, unit alone, is
+        taken over by the first host that asks)."""
+        unit, host = invocation.unit or "", invocation.host or ""
+        found = self._streaks.get((host, unit))
+        if found is None:
+            found = self._streaks.pop(("", unit), None) or _Streak()
+            self._streaks[(host, unit)] = found
+        return found
 
     def decide(
         self,
@@ -141,7 +159,7 @@ class RestartPolicy:
     ) -> Decision:
         """Rule 7: a crash allowed to restart, in a run of starts that each ended within the
         reset, holds the next start (supervisor.decide.pacing); the run is counted here."""
-        streak = self._streaks.setdefault(invocation.unit, _Streak())
+        streak = self._streak(invocation)
         if decision.action is Action.OBSERVE:
             if ENDINGS[invocation.ending].resets_streak or decision.rule is Rule.CLEAN_EXIT:
                 streak.crashes = 0
@@ -165,7 +183,7 @@ class RestartPolicy:
     def _decide(
         self, invocation: Invocation, verdict: Verdict, evidence: Evidence, rules: _Rules
     ) -> Decision:
-        streak = self._streaks.setdefault(invocation.unit, _Streak())
+        streak = self._streak(invocation)
         meaning = ENDINGS[invocation.ending]
         if meaning.not_a_crash is not None:
             if meaning.resets_streak:
@@ -280,19 +298,20 @@ class RestartPolicy:
     def state(self) -> dict[str, dict[str, Any]]:
         """The policy's memory, for the state database."""
         return {
-            unit: {
+            f"{unit}{_HOST_SEPARATOR}{host}" if host else unit: {
                 "fingerprint": s.fingerprint,
                 "count": s.count,
                 "ran_s": s.ran_s,
                 "crashes": s.crashes,
             }
-            for unit, s in self._streaks.items()
-            if unit is not None
+            for (host, unit), s in self._streaks.items()
+            if unit
         }
 
     def forget(self, unit: str) -> None:
-        """Drop a unit's streak (after `release`)."""
-        self._streaks.pop(unit, None)
+        """Drop a unit's memory, on every host (after `release`)."""
+        for key in [key for key in self._streaks if key[1] == unit]:
+            del self._streaks[key]
 
 
 # Endings that are a cause's own record: a core dump (the crash inside), and systemd's own
