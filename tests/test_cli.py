@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from vllm_supervisor.actions.quarantine import Quarantine
 
 
@@ -60,3 +62,19 @@ def test_unknown_signature_set_is_caught_at_load(tmp_path: Path) -> None:
     result = _cli("check-config", str(path))
     assert result.returncode == 2
     assert "unit[0].signature_sets" in result.stderr
+
+
+@pytest.mark.parametrize(("mode", "warned"), [(0o644, True), (0o600, False)])
+def test_check_config_warns_of_an_inline_webhook_every_account_can_read(
+    tmp_path: Path, mode: int, warned: bool
+) -> None:
+    """setup warned; check-config (a reload's check) passed it silently."""
+    path = tmp_path / "supervisor.toml"
+    path.write_text('[slack]\nwebhook_url = "https://hooks.slack.com/services/T/B/secret"\n')
+    path.chmod(mode)
+    result = _cli("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "readable by every account and holds slack.webhook_url inline" in result.stderr
+    ) is warned
+    assert "secret" not in result.stderr + result.stdout

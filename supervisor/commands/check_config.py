@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from ..classify import load_table
-from ..config import check_webhook, load_config
+from ..config import Config, check_webhook, load_config
 from ..engines.profiles import load_engines
 from .options import config_path
-from .setup import alias_note, ask_systemd, missing_drop_ins
+from .setup import alias_note, ask_systemd, inline_webhook_note, missing_drop_ins
 
 
 def main(args: argparse.Namespace) -> int:
     """0 when the config, its table and the engine files load; warnings on standard error."""
-    config = load_config(args.path or config_path(argparse.Namespace()))
+    path = args.path or config_path(argparse.Namespace())
+    config = load_config(path)
     table = load_table(config)
     engines = load_engines()
     # As the daemon's ExecReload= it runs as the daemon's user: what that user may not read
@@ -25,6 +28,8 @@ def main(args: argparse.Namespace) -> int:
         check_webhook(config.slack)
     except OSError as exc:
         print(f"warning: the webhook URL was not checked: {exc.strerror}", file=sys.stderr)
+    if path is not None and (note := _quietly(inline_webhook_note, config, path)) is not None:
+        print(f"warning: {note}", file=sys.stderr)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(
         f"config ok: units: {units}; {len(table.signatures)} signatures; engines: "
@@ -46,3 +51,11 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _quietly(check: Callable[[Config, Path], str | None], config: Config, path: Path) -> str | None:
+    """`check`'s note, or None when the file cannot be looked at (it was read a moment ago)."""
+    try:
+        return check(config, Path(path))
+    except OSError:
+        return None

@@ -588,14 +588,7 @@ def _owners(directory: Path) -> set[int]:
 def config_warnings(config: Config, config_path: Path, facts: SystemdFacts) -> list[str]:
     """What setup installs but should tell: an inline webhook anyone can read, units systemd
     does not know, or that systemd could not be asked."""
-    warnings = []
-    readable = config_path.stat().st_mode & 0o004
-    if config.slack.webhook_url is not None and readable:
-        warnings.append(
-            f"{config_path} is readable by every account and holds slack.webhook_url inline:"
-            f" anyone on this host can post to the channel; put the URL in {CREDENTIAL_FILE}"
-            " (root's, handed to the daemon as a credential) and remove it from the config"
-        )
+    warnings = [note for note in (inline_webhook_note(config, config_path),) if note]
     warnings += [alias_note(alias, real) for alias, real in facts.aliases.items()]
     warnings += [
         f"systemd knows no unit {unit} (LoadState=not-found): the gate is installed but"
@@ -608,6 +601,18 @@ def config_warnings(config: Config, config_path: Path, facts: SystemdFacts) -> l
             " whether it knows them, nor which Python their ExecStart= runs"
         )
     return warnings
+
+
+def inline_webhook_note(config: Config, config_path: Path) -> str | None:
+    """What setup and check-config say of a webhook URL inline in a config every account can
+    read (anyone on the host could post to the channel); None when there is none."""
+    if config.slack.webhook_url is None or not config_path.stat().st_mode & 0o004:
+        return None
+    return (
+        f"{config_path} is readable by every account and holds slack.webhook_url inline:"
+        f" anyone on this host can post to the channel; put the URL in {CREDENTIAL_FILE}"
+        " (root's, handed to the daemon as a credential) and remove it from the config"
+    )
 
 
 def alias_note(alias: str, real: str) -> str:
