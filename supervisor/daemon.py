@@ -31,6 +31,7 @@ import structlog
 from .actions.actor import Actor
 from .actions.lanes import Lanes
 from .actions.presence import Here
+from .actions.releases import take_releases
 from .classify.signatures import SignatureTable
 from .config import Config, restart_only_changes
 from .errors import StateError
@@ -157,6 +158,7 @@ class Daemon:
             ]
             group.create_task(self._bound_shutdown(stop, beside))
             try:
+                self._releases_while_down()
                 await self._resume_pending()
                 await self._follow(stop)
             finally:
@@ -358,9 +360,17 @@ class Daemon:
             log.warning("server_exited_unit_remains", unit=unit, action="decided as ended")
             await self._decided([ended])
 
+    def _releases_while_down(self) -> None:
+        """`release` ran while this daemon was stopped: forget those units as if it heard."""
+        for unit in take_releases(self.config.state.runtime_dir):
+            log.info("release_read_at_start", unit=unit)
+            self.released(unit)
+
     def released(self, unit: str) -> None:
         """`vllm-supervisor release UNIT` ran: forget the streak, clear the halted gauge."""
         self.pipeline.forget(unit)
+        # The memory committed next leaves the unit out: a restart does not read it back.
+        self.checkpointer.decided([], self.pipeline.memory())
         self.metrics.units_halted(unit, False)
         if self._serving_again is not None:
             self._serving_again.released(unit)

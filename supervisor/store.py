@@ -228,14 +228,17 @@ class Store:
         now: Callable[[], float] = time.time,
         decided: Sequence[Outcome] = (),
         ended: Sequence[Ended] = (),
+        whole_memory: bool = False,
     ) -> None:
         """Commit everything noted since the last commit, atomically: the invocations that
         `ended` (pending, to be decided), the actions `decided` (the pending record becomes
         the outcome's), the `outcomes` whose actions were taken (history; their pending
-        records cleared), the checkpoint, the policy's memory and the `extra` writes (the
-        messages queued)."""
+        records cleared), the checkpoint, the policy's memory (`whole_memory`: all of it, a
+        unit left out forgotten) and the `extra` writes (the messages queued)."""
         await self.write(
-            _batch(checkpoint, outcomes, unit_states or {}, extra, now, decided, ended)
+            _batch(
+                checkpoint, outcomes, unit_states or {}, extra, now, decided, ended, whole_memory
+            )
         )
 
     def pending_actions(self) -> tuple[list[Pending], list[str]]:
@@ -265,6 +268,7 @@ def _batch(
     now: Callable[[], float],
     decided: Sequence[Outcome],
     ended: Sequence[Ended],
+    whole_memory: bool = False,
 ) -> Writer:
     """One batch's unit of work."""
 
@@ -274,7 +278,7 @@ def _batch(
         pending.decide(decided)
         pending.clear(outcomes)
         Meta(db).save(checkpoint)
-        UnitStateTable(db).save(unit_states)
+        UnitStateTable(db).save(unit_states, whole=whole_memory)
         History(db).add(outcomes, now())
         for write in extra:
             write(db)

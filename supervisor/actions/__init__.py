@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         quarantine_dirs,
         quarantine_records,
     )
+    from .releases import note_release, take_releases
     from .systemd import SystemdClient, ask_once
     from .unitnames import real_name
 
@@ -58,6 +59,7 @@ __all__ = [
     "disarm_once",
     "hold_dirs",
     "holds_of",
+    "note_release",
     "quarantine_dir",
     "quarantine_dirs",
     "quarantine_records",
@@ -66,6 +68,7 @@ __all__ = [
     "socket_path",
     "start_once",
     "still_holds",
+    "take_releases",
     "waits_on_a_condition",
 ]
 
@@ -81,6 +84,8 @@ __getattr__ = exports(
         "cause_gone": "evidence",
         "disarm_once": "holds",
         "hold_dirs": "holds",
+        "note_release": "releases",
+        "take_releases": "releases",
         "holds_of": "holds",
         "start_once": "holds",
         "Quarantine": "quarantine",

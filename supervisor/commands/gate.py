@@ -52,6 +52,7 @@ from ..actions import (
     coming_back,
     disarm_once,
     hold_dirs,
+    note_release,
     quarantine_dirs,
     socket_path,
     start_once,
@@ -500,12 +501,19 @@ def _start_now(unit: str, stream: TextIO) -> int:
 
 
 def _tell_released(unit: str, runtime_dir: Path) -> None:
-    """The running daemon forgets the unit's streak and clears its halted gauge at once."""
-    ask(
+    """The running daemon forgets the unit's streak and clears its halted gauge at once; a
+    stopped one, when it starts (a mark left beside its socket)."""
+    reply = ask(
         socket_path(runtime_dir),
         {"op": "released", "unit": unit},
         timeout_s=RELEASE_NOTIFY_TIMEOUT_S,
     )
+    if not reply.reached and note_release(runtime_dir, unit) is None:
+        print(
+            f"{unit}: the supervisor is not running and the release could not be left for it "
+            f"in {runtime_dir}: its next crash counts on the old streak",
+            file=sys.stderr,
+        )
 
 
 def _say(text: str, *, file: TextIO) -> None:

@@ -128,6 +128,7 @@ class Checkpointer:
                 decided=decisions,
                 outcomes=pending,
                 unit_states=position.memory,
+                whole_memory=True,  # the pipeline's whole memory: a released unit forgotten
                 extra=writers,
             )
         except StateError as exc:

@@ -69,7 +69,13 @@ class UnitStateTable:
         rows = self._db.execute("SELECT unit, state FROM unit_state")
         return json_objects_by_unit(rows, table="unit_state")
 
-    def save(self, states: Mapping[str, Mapping[str, Any]]) -> None:
+    def save(self, states: Mapping[str, Mapping[str, Any]], *, whole: bool = False) -> None:
+        """Save `states`; `whole`: they are all the memory there is, so a unit left out (a
+        `release` forgot it) is forgotten here too, not read back at the next start."""
+        if whole:
+            kept = list(states)
+            marks = ",".join("?" * len(kept))
+            self._db.execute(f"DELETE FROM unit_state WHERE unit NOT IN ({marks})", kept)  # noqa: S608
         self._db.executemany(
             "INSERT OR REPLACE INTO unit_state VALUES (?, ?)",
             [(unit, dump(state)) for unit, state in states.items()],
