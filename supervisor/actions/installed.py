@@ -71,7 +71,7 @@ class InstalledUnits:
         if self._systemd is None:
             return None
         try:
-            await self._systemd.unit_state(unit)
+            state = await self._systemd.unit_state(unit)
         except SystemdError as exc:
             if exc.reason == NO_SUCH_UNIT:
                 log.info("unit_not_installed", unit=unit, metrics="unit_present 0 only")
@@ -79,4 +79,12 @@ class InstalledUnits:
             return None
         except Exception:  # a metric's detail must never end the daemon's task group
             return None
+        if not state.gated:
+            log.warning(
+                "unit_not_gated",
+                unit=unit,
+                action="its loaded ExecCondition= runs no gate of ours (none installed, or a "
+                "drop-in emptied it): a halt stops it but nothing refuses its next start, and no "
+                "held start is held; run `vllm-supervisor setup`",
+            )
         return True

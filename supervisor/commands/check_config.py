@@ -13,7 +13,7 @@ from ..classify import load_table
 from ..config import Config, check_webhook, load_config
 from ..engines.profiles import load_engines
 from .options import config_path
-from .setup import alias_note, ask_systemd, inline_webhook_note, missing_drop_ins
+from .setup import alias_note, ask_systemd, inline_webhook_note, missing_drop_ins, ungated_note
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,12 +35,18 @@ def main(args: argparse.Namespace) -> int:
         f"config ok: units: {units}; {len(table.signatures)} signatures; engines: "
         f"{', '.join(engines.ids)}"
     )
-    # Where systemd cannot be asked (no bus here), names are checked as configured.
-    aliases = ask_systemd([u.name for u in config.units]).aliases
-    for alias, real in aliases.items():
+    # Where systemd cannot be asked (no bus here), names are checked as configured and the
+    # gate by its drop-in file; where it can, by what systemd loaded (a gate written in the unit
+    # file counts, one a later drop-in emptied does not).
+    facts = ask_systemd([u.name for u in config.units])
+    for alias, real in facts.aliases.items():
         print(f"warning: {alias_note(alias, real)}", file=sys.stderr)
+    if facts.trouble is None:
+        for unit in facts.ungated:
+            print(f"warning: {ungated_note(unit)}", file=sys.stderr)
+        return 0
     try:
-        missing = missing_drop_ins(config, real_names=aliases)
+        missing = missing_drop_ins(config, real_names=facts.aliases)
     except OSError as exc:
         print(f"warning: the gate drop-ins were not checked: {exc.strerror}", file=sys.stderr)
         missing = []

@@ -168,6 +168,9 @@ class SystemdFacts:
     not_found: tuple[str, ...] = ()
     trouble: str | None = None
     aliases: dict[str, str] = field(default_factory=dict)  # configured alias → real name
+    # Units whose loaded ExecCondition= runs no gate of ours (none installed, a drop-in that
+    # empties it): systemd's word, whatever files say.
+    ungated: tuple[str, ...] = ()
 
 
 def ask_systemd(units: Sequence[str], *, exec_start_of: Iterable[str] = ()) -> SystemdFacts:
@@ -178,7 +181,7 @@ def ask_systemd(units: Sequence[str], *, exec_start_of: Iterable[str] = ()) -> S
 
     async def question(client: SystemdClient) -> SystemdFacts:
         argvs: dict[str, list[str]] = {}
-        not_found, aliases = [], {}
+        not_found, aliases, ungated = [], {}, []
         for unit in units:
             try:
                 real, _ = await client.unit_names(unit)
@@ -189,12 +192,20 @@ def ask_systemd(units: Sequence[str], *, exec_start_of: Iterable[str] = ()) -> S
                 continue
             if real != unit:
                 aliases[unit] = real
+            with contextlib.suppress(SystemdError):
+                if not (await client.unit_state(real)).gated:
+                    ungated.append(unit)
             if unit in wanted:
                 with contextlib.suppress(SystemdError):
                     argvs[unit] = await client.exec_start(unit)
         pythons = {unit: interpreter_from_exec_start(argv) for unit, argv in argvs.items() if argv}
         found = {unit: str(python) for unit, python in pythons.items() if python is not None}
-        return SystemdFacts(interpreters=found, not_found=tuple(not_found), aliases=aliases)
+        return SystemdFacts(
+            interpreters=found,
+            not_found=tuple(not_found),
+            aliases=aliases,
+            ungated=tuple(ungated),
+        )
 
     if not units:
         return SystemdFacts()
@@ -612,6 +623,16 @@ def inline_webhook_note(config: Config, config_path: Path) -> str | None:
         f"{config_path} is readable by every account and holds slack.webhook_url inline:"
         f" anyone on this host can post to the channel; put the URL in {CREDENTIAL_FILE}"
         " (root's, handed to the daemon as a credential) and remove it from the config"
+    )
+
+
+def ungated_note(unit: str) -> str:
+    """What check-config (and the daemon) say of a unit systemd runs no gate for."""
+    return (
+        f"systemd runs no vllm-supervisor gate for {unit} (its loaded ExecCondition= has none: "
+        "no drop-in, or a later one such as `systemctl edit`'s emptied ExecCondition=): a "
+        "halt stops it but nothing refuses its next start, and no held start is held; run "
+        "`vllm-supervisor setup`, and keep ExecCondition= out of other drop-ins"
     )
 
 
