@@ -371,7 +371,7 @@ class Daemon:
         self.pipeline.forget(unit)
         # The memory committed next leaves the unit out: a restart does not read it back.
         self.checkpointer.decided([], self.pipeline.memory())
-        self.metrics.units_halted(unit, False)
+        self.metrics.released(unit)
         if self._serving_again is not None:
             self._serving_again.released(unit)
         for wake in self.wakers:

@@ -467,6 +467,13 @@ class Metrics:
         for unit in standing.keys() - self._units:
             self._held_until.labels(self._unit(unit)).set(standing[unit])
 
+    def released(self, unit: str) -> None:
+        """A unit released: its halted gauge 0, for a unit that has a label; a name only a
+        request named (the gate's socket takes any) gets none, so requests cannot grow
+        /metrics."""
+        if unit in self._units:
+            self._halted.labels(unit).set(0)
+
     def halted_units(self, quarantined: set[str]) -> None:
         """Set `unit_halted` of every known unit from the quarantine records that exist now
         (a `release` by another process shows at the next scrape)."""
