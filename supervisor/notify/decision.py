@@ -63,6 +63,7 @@ class NotifyReason(StrEnum):
     BACKLOG = "backlog"  # read late: folded into the unit's summary of its backlog
     FOLDED = "folded"  # a crash while the unit's halt stood: that halt's message told it
     PACED = "paced"  # a crash of a loop already paced: the message that began pacing told it
+    ELSEWHERE = "elsewhere"  # another host's crash in a shared journal: its own daemon tells it
 
     @property
     def tells(self) -> bool:
@@ -78,6 +79,8 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
         return NotifyReason.ALONE  # the end of a paced loop's story: no crash, still news
     if not is_notable(outcome):
         return NotifyReason.NOT_NEWS
+    if outcome.decision.rule is Rule.OTHER_HOST:
+        return NotifyReason.ELSEWHERE  # one host, one voice: recorded here, told there
     if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
         return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
     pace = outcome.decision.pace
