@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from vllm_supervisor.actions.amend import amend
 from vllm_supervisor.actions.evidence import changed, evidence_of
-from vllm_supervisor.actions.halt import Halter, quarantine_record
+from vllm_supervisor.actions.halt import RECORD_TEXT_LIMIT, Halter, quarantine_record
 from vllm_supervisor.actions.quarantine import Quarantine
 from vllm_supervisor.classify.classifier import Classifier
 from vllm_supervisor.classify.signatures import load_signature_table
@@ -475,3 +475,22 @@ async def test_a_record_that_cannot_be_written_says_why_in_the_halt(tmp_path: Pa
         result.detail
     )
     assert result.detail.endswith("no stop was asked: systemd may start it again")
+
+
+@given(reason=st.text(max_size=6000), title=st.text(max_size=300))
+@settings(max_examples=60, deadline=None)
+def test_outside_text_enters_a_record_escaped_and_bounded(reason: str, title: str) -> None:
+    """A halt's reason may quote a port holder's command line (anyone's text): the record keeps
+    it with its control characters escaped and its length bounded, as history, status, Slack
+    and Alertmanager show it."""
+    base = outcome(["RuntimeError: x"], Rule.PORT_HELD)
+    halted = dataclasses.replace(
+        base,
+        verdict=dataclasses.replace(base.verdict, title=title),
+        decision=Decision(action=Action.HALT, reason=reason, rule=Rule.PORT_HELD),
+    )
+    record = quarantine_record(halted)
+    for key in ("reason", "title"):
+        text = record[key]
+        assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text), (key, text)
+        assert len(text) <= RECORD_TEXT_LIMIT + 1

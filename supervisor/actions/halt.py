@@ -21,6 +21,7 @@ import structlog
 from ..errors import SystemdError
 from ..model import Outcome
 from ..util.retry import Backoff
+from ..util.text import visible
 from .amend import amend
 from .evidence import ENVIRONMENT_KEY, EVIDENCE_KEY, environment_of, evidence_of
 from .quarantine import Quarantine
@@ -245,17 +246,30 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
         "invocation_id": inv.invocation_id,
         "signature": verdict.signature,
         "severity": verdict.severity.value,
-        "title": verdict.title,
-        "root_cause": verdict.root_cause,
-        "remediation": verdict.remediation,
+        "title": _shown(verdict.title),
+        "root_cause": _shown(verdict.root_cause),
+        "remediation": _shown(verdict.remediation),
         "fingerprint": verdict.fingerprint,
-        "reason": outcome.decision.reason,
+        # The reason may quote outside text (a port holder's command line): escaped, bounded.
+        "reason": _shown(outcome.decision.reason),
         "exit_code": inv.exit_code,
         "exit_status": inv.exit_status,
         "restarts": inv.restarts,
         EVIDENCE_KEY: evidence_of(outcome),
         ENVIRONMENT_KEY: None,
     }
+
+
+RECORD_TEXT_LIMIT = 2000  # characters of a text a record keeps: shown, never parsed
+
+
+def _shown(text: str | None) -> str | None:
+    """Text for a record that history, status, Slack and Alertmanager show: its control
+    characters escaped, its length bounded (a line or a command line may be anyone's)."""
+    if text is None:
+        return None
+    shown = visible(text)
+    return shown if len(shown) <= RECORD_TEXT_LIMIT else shown[:RECORD_TEXT_LIMIT] + "…"
 
 
 def _describe(
