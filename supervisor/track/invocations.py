@@ -130,6 +130,8 @@ class Run:
         self.last_cursor = entry.cursor
         if entry.realtime_us > self.last_us:
             self.last_us = entry.realtime_us
+        if is_the_gates(entry.message, self.unit):
+            return  # the supervisor's own words, never the server's output nor its cause
         pid = entry.pid
         if pid is not None and pid not in self.pids and len(self.pids) < _PIDS_REMEMBERED:
             self.pids.add(pid)
@@ -573,3 +575,17 @@ def _without_unit(message: str, unit: str | None) -> str:
     """PID 1's text without its "unit: " prefix (the unit is named elsewhere)."""
     prefix = f"{unit}: "
     return message[len(prefix) :] if unit and message.startswith(prefix) else message
+
+
+# How the supervisor's gate writes into the unit's journal (supervisor.commands.gate): each line
+# begins with the unit's name, or is one of its two fixed hints. Such a line may quote outside
+# text (a port holder's command line); kept as a line of the next run, that text became its root
+# cause. No engine begins a line with its unit's name and a colon.
+_GATES_HINTS = ("release it with: vllm-supervisor release ", "start it now with: vllm-supervisor ")
+
+
+def is_the_gates(text: str, unit: str | None) -> bool:
+    """True for a line the supervisor's gate wrote into `unit`'s journal."""
+    if unit is not None and text.startswith(f"{unit}: "):
+        return True
+    return text.startswith(_GATES_HINTS)
