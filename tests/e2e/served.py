@@ -68,6 +68,12 @@ unknown_repeat_limit = 3
 [metrics]
 listen = "127.0.0.1:9464"
 """
+# Pacing held to a second or two, for the tests of what comes after several restarts (the
+# shipped schedule holds the 2nd crash's restart a minute: tests/e2e/test_pacing_e2e.py).
+FAST_PACE = "pace_first_s = 1\npace_max_s = 2\n"
+FAST_PACED_CONFIG = SUPERVISOR_CONFIG.replace(
+    "unknown_repeat_limit = 3\n", f"unknown_repeat_limit = 3\n{FAST_PACE}"
+)
 
 HUNG_UNIT = """[Unit]
 Description=fake inference server whose engine dies while its API server keeps answering 500

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from nspawn import Container, wait_for
 from served import (
+    FAST_PACE,
     NCCL_LOG,
     SEED_LOG,
     UNIT,
@@ -174,9 +175,9 @@ class TestRateLimit:
         # next line is when journald says what it dropped.
         start_supervisor(
             container,
-            CONFIG.replace('"vllm.service"', '"vllm.service"\nunknown_repeat_limit = 100').format(
-                extra=""
-            ),
+            CONFIG.replace(
+                '"vllm.service"', f'"vllm.service"\nunknown_repeat_limit = 100\n{FAST_PACE}'
+            ).format(extra=""),
         )
         container.systemctl("start", "--no-block", UNIT)
         wait_for(
