@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from nspawn import Container, wait_for
 from served import UNIT, container, history, invocations_that_ran, start_supervisor
-from test_port_e2e import BLOCKER, HOLDER, HOLDER_UID, free_port, gate_says, listening
+from test_port_e2e import BLOCKER, block, free_port, gate_says
 from test_trust_e2e import FAKE, install, serving_now
 
 pytestmark = pytest.mark.nspawn
@@ -50,15 +50,7 @@ def test_a_port_squat_that_ends_gives_the_unit_back_within_a_minute(
     """A local user's server holds the unit's port across its restart: halted at the first
     crash; the user leaves, and the unit serves again within a minute with nobody acting."""
     port = free_port()
-    container.write_file("/etc/sysusers.d/holder.conf", f"u {HOLDER} {HOLDER_UID} - -\n")
-    container.run("systemd-sysusers")
-    command = f"/usr/bin/python3 -m http.server {port} --bind 127.0.0.1"
-    container.write_file(
-        f"/etc/systemd/system/{BLOCKER}", f"[Service]\nUser={HOLDER}\nExecStart={command}\n"
-    )
-    install(container, f"{FAKE} --bind {port}", sec="1s")
-    container.systemctl("start", BLOCKER)
-    wait_for(lambda: listening(container, port), timeout=20, what="the blocker to listen")
+    block(container, port, sec="1s")
     start_supervisor(container, CONFIG.format(unit=UNIT, port=port))
     container.systemctl("start", "--no-block", UNIT)
     wait_for(lambda: gate_says(container, "checked again at"), timeout=40, what="a recheck armed")

@@ -22,13 +22,13 @@ import pytest
 from nspawn import Container, wait_for
 from served import (
     JOB_STARTED,
-    NCCL_LOG,
     UNIT,
     container,
     history,
     start_supervisor,
 )
 from test_pacing_e2e import starts as starts_of
+from test_remain_e2e import REMAINING_UNIT
 
 pytestmark = pytest.mark.nspawn
 __all__ = ["container"]  # the fixture, used by name
@@ -290,15 +290,6 @@ def test_a_persons_start_during_a_hold_is_refused(container: Container) -> None:
     assert len(starts(container)) == 3, starts(container)
 
 
-REMAINING_UNIT = """[Unit]
-Description=fake inference server that exits 0 after a transient error, RemainAfterExit=yes
-StartLimitIntervalSec=0
-
-[Service]
-ExecStart=/opt/vsup/e2e/fake-server.sh {log} 0
-RemainAfterExit=yes
-Restart=always
-"""
 REMAIN_FIRST_S = 5.0
 REMAIN_MAX_S = 40.0
 
@@ -306,7 +297,7 @@ REMAIN_MAX_S = 40.0
 def test_a_remain_after_exit_unit_that_exits_0_after_a_transient_error_is_paced(
     container: Container,
 ) -> None:
-    install(container, REMAINING_UNIT.format(log=NCCL_LOG))
+    install(container, REMAINING_UNIT)
     start_supervisor(container, CONFIG.format(first=REMAIN_FIRST_S, max=REMAIN_MAX_S))
     began = time.time()
     container.systemctl("start", "--no-block", UNIT)

@@ -64,6 +64,21 @@ def listening(box: Container, port: int) -> bool:
     return box.run("/usr/bin/python3", "-c", connect, check=False).returncode == 0
 
 
+def block(box: Container, port: int, *, sec: str) -> str:
+    """The served unit (binding `port`, `RestartSec=sec`) and another user's server holding
+    that port first, in a unit of its own; the holder's command line."""
+    box.write_file("/etc/sysusers.d/holder.conf", f"u {HOLDER} {HOLDER_UID} - -\n")
+    box.run("systemd-sysusers")
+    command = f"/usr/bin/python3 -m http.server {port} --bind 127.0.0.1"
+    box.write_file(
+        f"/etc/systemd/system/{BLOCKER}", f"[Service]\nUser={HOLDER}\nExecStart={command}\n"
+    )
+    install(box, f"{FAKE} --bind {port}", sec=sec)
+    box.systemctl("start", BLOCKER)
+    wait_for(lambda: listening(box, port), timeout=20, what="the blocker to listen")
+    return command
+
+
 def gate_says(box: Container, words: str) -> bool:
     """True once a line of the served unit's journal (the gate's own included) has `words`."""
     return any(words in str(e.get("MESSAGE")) for e in unit_lines(box))
@@ -76,15 +91,7 @@ def test_a_port_held_by_another_users_unit_is_named_and_halts_the_first_crash(
     uid 65534); refused while the port is held, let through once the holder is gone."""
     port = free_port()
     assert container.run("getent", "passwd", str(HOLDER_UID), check=False).returncode != 0
-    container.write_file("/etc/sysusers.d/holder.conf", f"u {HOLDER} {HOLDER_UID} - -\n")
-    container.run("systemd-sysusers")
-    command = f"/usr/bin/python3 -m http.server {port} --bind 127.0.0.1"
-    container.write_file(
-        f"/etc/systemd/system/{BLOCKER}", f"[Service]\nUser={HOLDER}\nExecStart={command}\n"
-    )
-    install(container, f"{FAKE} --bind {port}", sec="100ms")
-    container.systemctl("start", BLOCKER)
-    wait_for(lambda: listening(container, port), timeout=20, what="the blocker to listen")
+    command = block(container, port, sec="100ms")
     holder_pid = container.show(BLOCKER, "MainPID")["MainPID"]
     start_supervisor(container, CONFIG.format(unit=UNIT, port=port))
     container.write_file("/etc/vllm-supervisor/slack-webhook", slack.url, mode="0600")
