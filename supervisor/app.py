@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -35,7 +36,7 @@ from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
-from .config import Config, parse_listen
+from .config import DEFAULT_RUNTIME_DIR, Config, parse_listen
 from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
 from .decide.address_evidence import AddressEvidence
 from .decide.hang import HangWatcher
@@ -73,10 +74,14 @@ from .telemetry.http import (
     sinks_check,
 )
 from .telemetry.metrics import Metrics
-from .util.daemon_lock import DaemonLock
+from .util.daemon_lock import DaemonLock, HostLock
 from .util.files import make_dirs
 
 log = structlog.get_logger(__name__)
+
+# Where the host-wide lock is taken (the default runtime directory, whatever the config says):
+# a test's own place, so a test daemon on the system journal never meets the host's.
+HOST_LOCK_DIR_ENV = "VLLM_SUPERVISOR_HOST_LOCK_DIR"
 
 CLOSE_BUDGET_S = 3.0  # sockets, the bus and the Slack client, closed together after the daemon
 
@@ -93,8 +98,27 @@ async def run_daemon(
     `reload_config` (SIGHUP) reads the config again; without it only the signature table is
     reloaded.
     """
-    with DaemonLock(config.state.state_dir):
+    with DaemonLock(config.state.state_dir), _host_lock(config):
         await _run(config, stop, reload, reload_config or (lambda: config))
+
+
+def _host_lock(config: Config) -> contextlib.AbstractContextManager[object]:
+    """The host-wide lock of a daemon on the system journal (none for a journal directory:
+    several daemons may read one, each for its own host)."""
+    if config.journal.directory is not None:
+        return contextlib.nullcontext()
+    where = Path(os.environ.get(HOST_LOCK_DIR_ENV) or DEFAULT_RUNTIME_DIR)
+    lock = HostLock(where)
+
+    @contextlib.contextmanager
+    def held() -> Iterator[HostLock]:
+        with lock:
+            if lock.taken is not None:
+                log.warning("host_lock_not_taken", reason=lock.taken,
+                            action="a second daemon on this host would not be refused")  # fmt: skip
+            yield lock
+
+    return held()
 
 
 async def _run(
