@@ -252,6 +252,8 @@ class Verdict:
     # An unknown crash: the side its evidence leans to, too weak to settle it (determinism.
     # assess). The policy halts one that leans fatal on its second identical start.
     leaning: Severity | None = None
+    # The distributions its signature names (a halt lifts when one of these changes).
+    packages: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The `verdict` object of the triage/history JSON contract (docs/DESIGN.md §4)."""

@@ -126,6 +126,7 @@ def _verdict(raw: Mapping[str, Any]) -> Verdict:
         severity=Severity(raw["severity"]),
         captures={str(k): str(v) for k, v in dict(raw.get("captures") or {}).items()},
         notes=tuple(str(n) for n in raw.get("notes") or ()),
+        packages=tuple(str(n) for n in raw.get("packages") or ()),
         leaning=None if leaning is None else Severity(leaning),
         basis=None if basis is None else Basis(basis),
         confidence=None if confidence is None else Confidence(confidence),
@@ -134,7 +135,7 @@ def _verdict(raw: Mapping[str, Any]) -> Verdict:
 
 # Fields given explicitly above (enums, mappings, tuples): never copied as they are.
 _CONVERTED = frozenset(
-    {"ending", "severity", "captures", "notes", "leaning", "basis", "confidence"}
+    {"ending", "severity", "captures", "notes", "packages", "leaning", "basis", "confidence"}
 )
 
 

@@ -216,16 +216,24 @@ class TestEnvironmentChanged:
             assert code == EXIT_QUARANTINED and not lifted_lines(text)
         assert is_quarantined(tmp_path)
 
-    async def test_a_package_added_or_removed_lifts_it(self, tmp_path: Path, venv: Path) -> None:
-        await halted(tmp_path, venv)
+    async def test_a_package_the_halt_named_added_or_removed_lifts_it(
+        self, tmp_path: Path, venv: Path
+    ) -> None:
+        """The signature names flashinfer-python and flashinfer-cubin: another package added
+        or removed lifts nothing (before: any did, one more wasted start); one of these does."""
+        record = await halted(tmp_path, venv)
+        assert record["packages"] == ["flashinfer-python", "flashinfer-cubin"]
         site = site_packages(tmp_path / "venv")
         write_dist(site, "flashinfer-jit-cache", "0.6.4+cu129")
         shutil.rmtree(site / "torch-2.9.0.dist-info")
         code, text = gate(tmp_path)
+        assert code == EXIT_QUARANTINED and not lifted_lines(text), text
+        shutil.rmtree(site / "flashinfer_cubin-0.6.3.dist-info")
+        code, text = gate(tmp_path)
         assert code == EXIT_ALLOW
         (line,) = lifted_lines(text)
-        assert "flashinfer-jit-cache added 0.6.4+cu129" in line
-        assert "torch removed (was 2.9.0)" in line
+        assert "flashinfer-cubin removed (was 0.6.3)" in line
+        assert "torch" not in line
 
     async def test_a_venv_gone_at_the_gate_stays_refused(self, tmp_path: Path, venv: Path) -> None:
         """A venv that cannot be listed now says nothing changed: no start on a guess."""

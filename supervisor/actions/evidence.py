@@ -132,7 +132,9 @@ def changed(
     if isinstance(name, str) and needs_settings(fingerprint):
         read = settings or (lambda u: ask_unit_settings(u, timeout_s=GATE_SYSTEMD_TIMEOUT_S))
         now = read(name)
-    found = changes(fingerprint, now)
+    named = record.get("packages")
+    only = [str(n) for n in named] if isinstance(named, list) and named else None
+    found = changes(fingerprint, now, packages=only)
     return f"{render(found)} since the halt" if found else None
 
 

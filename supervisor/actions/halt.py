@@ -250,6 +250,8 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
         "root_cause": _shown(verdict.root_cause),
         "remediation": _shown(verdict.remediation),
         "fingerprint": verdict.fingerprint,
+        # A lift rests on what the halt named: these packages' changes, not any package's.
+        "packages": list(verdict.packages),
         # The reason may quote outside text (a port holder's command line): escaped, bounded.
         "reason": _shown(outcome.decision.reason),
         "exit_code": inv.exit_code,

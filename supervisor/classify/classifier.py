@@ -390,6 +390,7 @@ class Classifier:
             crash_site=_crash_site(ann, self._block(ann, best.index)),
             captures=captures,
             remediation=signature.render_remediation(captures) if signature else None,
+            packages=signature.packages if signature else (),
             fingerprint=fingerprint(best.text),
             crashed=True,
             notes=tuple(_notes(ann, best, crashed_blocks)),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..environment.probe import normalize_name
 from ..errors import SignatureTableError
 from ..model import Severity
 
@@ -35,6 +36,7 @@ _KEYS = {
     "startup_severity": str,
     "serving_severity": str,
     "written_from": list,
+    "packages": list,
 }
 _REQUIRED = ("id", "patterns", "title")
 _KINDS = ("cause", "noise")
@@ -42,6 +44,7 @@ _SEVERITIES = {"fatal": Severity.FATAL, "transient": Severity.TRANSIENT}
 # A phase may also say "unknown": the line names the crash, not whether it repeats then.
 _PHASE_SEVERITIES = {**_SEVERITIES, "unknown": Severity.UNKNOWN}
 _SOURCE_KEYS = ("log", "upstream", "url")
+_DISTRIBUTION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
 _LOG_NAME = re.compile(r"[\w.+-]+\.log\Z")
 _URL = re.compile(r"https?://[^\s/]+/?\S*\Z")
 
@@ -77,6 +80,9 @@ class SignatureSpec:
     startup_severity: Severity | None = None
     serving_severity: Severity | None = None
     written_from: tuple[WrittenFrom, ...] = ()
+    # The distributions whose versions the crash is about (flashinfer-python, -cubin): a halt
+    # lifts when one of these changes, not when any package does (supervisor.actions.evidence).
+    packages: tuple[str, ...] = ()
 
 
 class _Where:
@@ -215,7 +221,16 @@ def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec
         startup_severity=_phase_severity(raw, "startup_severity", kind, where),
         serving_severity=_phase_severity(raw, "serving_severity", kind, where),
         written_from=_written_from(raw, where),
+        packages=_packages(raw, where),
     )
+
+
+def _packages(raw: dict[str, Any], where: _Where) -> tuple[str, ...]:
+    """The optional `packages` list: distribution names, kept in their normalised form."""
+    names = raw.get("packages", [])
+    if not all(isinstance(n, str) and _DISTRIBUTION.match(n) for n in names):
+        raise where.error("packages", "must be a list of distribution names (flashinfer-python)")
+    return tuple(dict.fromkeys(normalize_name(n) for n in names))
 
 
 def _written_from(raw: dict[str, Any], where: _Where) -> tuple[WrittenFrom, ...]:

@@ -72,6 +72,7 @@ class Signature:
     notes: str | None = None
     startup_severity: Severity | None = None  # before the server ever served, when it differs
     serving_severity: Severity | None = None  # after it served, when it differs
+    packages: tuple[str, ...] = ()  # the distributions its crash is about (a halt's lift)
     order: int = 0  # position in the table, the last tie-breaker
     compiled: LazyRegexes = field(init=False, compare=False, repr=False)
     compiled_frames: LazyRegexes = field(init=False, compare=False, repr=False)
@@ -483,6 +484,7 @@ def _build(spec: SignatureSpec, order: int) -> Signature:
         notes=spec.notes,
         startup_severity=spec.startup_severity,
         serving_severity=spec.serving_severity,
+        packages=spec.packages,
         order=order,
     )
 

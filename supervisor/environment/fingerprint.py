@@ -84,13 +84,16 @@ def changes(
     settings: UnitSettings | None,
     *,
     nvidia_version_path: Path = NVIDIA_VERSION_PATH,
+    packages: Sequence[str] | None = None,
 ) -> list[str]:
     """What differs between a recorded fingerprint and now, in words; empty when nothing does
-    or nothing can be compared. `settings` is systemd's view now (None: it cannot be asked).
+    or nothing can be compared. `settings` is systemd's view now (None: it cannot be asked);
+    `packages`, the only distributions whose changes count (the halt's signature named them).
     Never raises: the record is read back from disk and may hold anything."""
     if not isinstance(recorded, dict):
         return []
-    found = _package_changes(recorded.get("packages"))
+    only = None if packages is None else {normalize_name(name) for name in packages}
+    found = _package_changes(recorded.get("packages"), only)
     found += _interpreter_changes(recorded.get("interpreter"))
     driver = recorded.get("nvidia_driver")
     now = read_nvidia_driver(nvidia_version_path)
@@ -241,7 +244,7 @@ def _file_states(paths: Sequence[str], hidden: Callable[[str], str | None]) -> d
     return states
 
 
-def _package_changes(recorded: object) -> list[str]:
+def _package_changes(recorded: object, only: set[str] | None = None) -> list[str]:
     if not isinstance(recorded, dict):
         return []
     found: list[str] = []
@@ -252,7 +255,8 @@ def _package_changes(recorded: object) -> list[str]:
             after = installed(directory)
         except (OSError, ValueError):
             continue  # gone or unreadable now: cannot tell, so nothing changed
-        for name in sorted(set(before) | set(after)):
+        names = set(before) | set(after)
+        for name in sorted(names if only is None else names & only):
             old, new = before.get(name), after.get(name)
             if old != new:
                 found.append(
