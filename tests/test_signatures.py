@@ -317,6 +317,16 @@ BAD_TABLES = [
         "signature 'good_one': written_from[1]: the same source as written_from[0]",
         id="written-from-duplicate",
     ),
+    pytest.param(
+        GOOD + 'packages = ["flashinfer python"]\n',
+        "signature 'good_one': packages: must be a list of distribution names",
+        id="packages-not-a-name",
+    ),
+    pytest.param(
+        GOOD + "packages = [1]\n",
+        "signature 'good_one': packages: must be a list of distribution names",
+        id="packages-not-text",
+    ),
     pytest.param("[[signature]\n", "invalid TOML", id="bad-toml"),
     pytest.param("[meta]\nx = 1\n" + GOOD, "unknown top-level key", id="top-level-key"),
 ]
