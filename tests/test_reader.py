@@ -120,6 +120,20 @@ class TestRefusedCursor:
         assert reader.cursor_rejected
 
 
+class TestLostExitStatus:
+    """asyncio's 255 for an exit status another reaped, with nothing on stderr, is no failure
+    (seen in CI under load: "exit status already read: will report returncode 255")."""
+
+    async def test_a_silent_255_is_no_failure_and_a_said_one_is(self, journal_dir: Path) -> None:
+        reader = JournalctlReader(ReaderSettings(directory=journal_dir, follow=False))
+        await reader._after_exit(255, [])
+        assert reader.last_error is None
+        with pytest.raises(JournalError, match="Failed to open"):
+            await reader._after_exit(255, ["Failed to open files: Permission denied"])
+        with pytest.raises(JournalError, match="exit status 1"):
+            await reader._after_exit(1, [])
+
+
 class TestFailingChild:
     """A child that cannot start is restarted with backoff, and said to be failing."""
 

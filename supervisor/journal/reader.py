@@ -42,6 +42,9 @@ from .export import OUTPUT_FIELDS, ExportDecoder, ExportParser, LineParser
 
 log = structlog.get_logger(__name__)
 
+# What asyncio reports for a child whose exit status it could not read (another reaped it).
+EXIT_STATUS_LOST = 255
+
 READ_SIZE = 1 << 20
 TERMINATE_TIMEOUT_S = 5.0
 # A child that failed this many times in a row without handing over an entry is not a passing
@@ -610,6 +613,12 @@ class JournalctlReader:
 
     async def _after_exit(self, returncode: int | None, errors: list[str]) -> None:
         if returncode in (0, None, -signal.SIGTERM):
+            return
+        if returncode == EXIT_STATUS_LOST and not errors:
+            # asyncio's stand-in for an exit status someone else reaped ("exit status already
+            # read: will report returncode 255", Python 3.11, seen under load): journalctl
+            # exits 1 on its own errors, and says why on stderr; this one said nothing.
+            log.info("journalctl_exit_status_lost", argv=self._argv)
             return
         message = "; ".join(errors[-3:]) or f"exit status {returncode}"
         self.last_error = message
