@@ -118,6 +118,12 @@ class Run:
     end_cursor: str | None = None  # PID 1's entry that ended it
     last_us: int = 0
     pids: set[int] = field(default_factory=set)
+    # What the supervisor's gate begins its lines in this unit's journal with (each line
+    # passes here: worked out once per run, not per line).
+    gate_prefixes: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate_prefixes = gate_prefixes(self.unit)
 
     def killed_on_request(self, end_us: int) -> bool:
         """Did a person's or a tool's kill request end it (the end came soon after)?"""
@@ -130,7 +136,7 @@ class Run:
         self.last_cursor = entry.cursor
         if entry.realtime_us > self.last_us:
             self.last_us = entry.realtime_us
-        if is_the_gates(entry.message, self.unit):
+        if entry.message.startswith(self.gate_prefixes):
             return  # the supervisor's own words, never the server's output nor its cause
         pid = entry.pid
         if pid is not None and pid not in self.pids and len(self.pids) < _PIDS_REMEMBERED:
@@ -584,8 +590,6 @@ def _without_unit(message: str, unit: str | None) -> str:
 _GATES_HINTS = ("release it with: vllm-supervisor release ", "start it now with: vllm-supervisor ")
 
 
-def is_the_gates(text: str, unit: str | None) -> bool:
-    """True for a line the supervisor's gate wrote into `unit`'s journal."""
-    if unit is not None and text.startswith(f"{unit}: "):
-        return True
-    return text.startswith(_GATES_HINTS)
+def gate_prefixes(unit: str | None) -> tuple[str, ...]:
+    """How every line the supervisor's gate writes into `unit`'s journal begins."""
+    return (f"{unit}: ", *_GATES_HINTS) if unit is not None else _GATES_HINTS
