@@ -21,7 +21,7 @@ import structlog
 from ..errors import SystemdError
 from ..model import Outcome
 from ..util.retry import Backoff
-from ..util.text import visible
+from ..util.text import bounded
 from .amend import amend
 from .evidence import ENVIRONMENT_KEY, EVIDENCE_KEY, environment_of, evidence_of
 from .quarantine import Quarantine
@@ -266,12 +266,9 @@ RECORD_TEXT_LIMIT = 2000  # characters of a text a record keeps: shown, never pa
 
 
 def _shown(text: str | None) -> str | None:
-    """Text for a record that history, status, Slack and Alertmanager show: its control
-    characters escaped, its length bounded (a line or a command line may be anyone's)."""
-    if text is None:
-        return None
-    shown = visible(text)
-    return shown if len(shown) <= RECORD_TEXT_LIMIT else shown[:RECORD_TEXT_LIMIT] + "…"
+    """Text for a record that history, status, Slack and Alertmanager show (a line or a
+    command line may be anyone's)."""
+    return None if text is None else bounded(text, RECORD_TEXT_LIMIT)
 
 
 def _describe(

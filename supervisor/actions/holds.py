@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config import DEFAULT_RUNTIME_DIR, Config
 from ..errors import SystemdError
-from ..util.text import visible
+from ..util.text import bounded
 from .quarantine import Quarantine
 from .systemd import SystemdClient, ask_once
 
@@ -63,7 +63,7 @@ class Hold:
             "until": self.until,
             "since": self.since,
             "crashes": self.crashes,
-            "reason": visible(self.reason)[:REASON_LIMIT],
+            "reason": bounded(self.reason, REASON_LIMIT),
             "rule": self.rule,
             "invocation_id": self.invocation_id,
             "signature": self.signature,
@@ -245,4 +245,4 @@ def _finite(value: object) -> bool:
 
 
 def _text_or_none(value: object) -> str | None:
-    return visible(value)[:REASON_LIMIT] if isinstance(value, str) and value else None
+    return bounded(value, REASON_LIMIT) if isinstance(value, str) and value else None

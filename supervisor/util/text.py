@@ -38,3 +38,13 @@ def for_terminal(text: str) -> str:
     """A rendered screen: control characters shown, except the newlines and tabs of its own
     layout."""
     return text.translate(_LAYOUT)
+
+
+CUT = "…"  # what ends a value cut to its bound
+
+
+def bounded(text: str, limit: int) -> str:
+    """`text` as a record keeps a value from outside (a reason quoting a command line): its
+    control characters escaped (`visible`), at most `limit` characters and the mark it was cut."""
+    shown = visible(text)
+    return shown if len(shown) <= limit else shown[:limit] + CUT
