@@ -39,6 +39,7 @@ from ..model import Action, Decision, Ending, Outcome, Rule, Taken, UnitState, d
 from ..seams import UnitStateSource
 from ..telemetry.metrics import Metrics
 from ..util.aio import Nursery
+from ..util.when import clock_time
 from .halt import Halter, HaltResult
 from .holds import Hold, Holds
 from .presence import Here, Judgement, Presence, judge
@@ -130,7 +131,7 @@ class Actor:
                 f"the hold could not be written ({exc.strerror}): {restarted.taken_detail}",
             )
         self._metrics.held(unit, decision.rule, hold.until)
-        until = time.strftime("%H:%M:%S UTC", time.gmtime(hold.until))
+        until = clock_time(hold.until)
         detail = f"next start held until {until} ({duration(delay_s)}; {judgement.reason})"
         log.warning(
             "unit_held",

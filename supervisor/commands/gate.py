@@ -63,6 +63,7 @@ from ..config import DEFAULT_RUNTIME_DIR, SUPERVISOR_UNIT, Config, load_config
 from ..errors import SupervisorError, SystemdError
 from ..model import duration
 from ..util.text import visible
+from ..util.when import clock_time
 from .options import config_path
 
 EXIT_ALLOW = 0
@@ -309,7 +310,7 @@ def _arm_recheck(
         _say(f"{unit}: it is not checked again by itself: systemd said {exc}", file=stream)
         return False
     _say(
-        f"{unit}: checked again at {_utc(at)}; it starts by itself once the cause is gone",
+        f"{unit}: checked again at {clock_time(at)}; it starts by itself once the cause is gone",
         file=stream,
     )
     return True
@@ -386,7 +387,7 @@ def _check_holds(
         return None
     if hold is None:
         return None
-    when = f"{_utc(hold.until)} (in {duration(hold.left_s(now))})"
+    when = f"{clock_time(hold.until)} (in {duration(hold.left_s(now))})"
     try:
         timer = arm_once(hold)
     except (SystemdError, OSError, TimeoutError) as exc:
@@ -403,10 +404,6 @@ def _check_holds(
     )
     _say(f"start it now with: vllm-supervisor release {unit}", file=stream)
     return EXIT_QUARANTINED
-
-
-def _utc(when: float) -> str:
-    return time.strftime("%H:%M:%S UTC", time.gmtime(when))
 
 
 def _lifted(
@@ -475,7 +472,8 @@ def _release_holds(unit: str, runtime_dir: Path, defaults: Sequence[Path], strea
         if hold is not None:
             held = True
             _say(
-                f"ended the hold of {unit} ({directory}): it was held until {_utc(hold.until)}",
+                f"ended the hold of {unit} ({directory}): it was held until "
+                f"{clock_time(hold.until)}",
                 file=stream,
             )
     if held:

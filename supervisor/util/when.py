@@ -15,3 +15,10 @@ def utc(value: object, *, per_second: int = 1) -> datetime | None:
         return datetime.fromtimestamp(value / per_second, UTC)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+def clock_time(when: float) -> str:
+    """Unix time `when` as a person reads a deadline today: "10:42:07 UTC" ("unknown" for no
+    time a datetime holds)."""
+    at = utc(when)
+    return "unknown" if at is None else at.strftime("%H:%M:%S UTC")
