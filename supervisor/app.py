@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,27 +98,22 @@ async def run_daemon(
     `reload_config` (SIGHUP) reads the config again; without it only the signature table is
     reloaded.
     """
-    with DaemonLock(config.state.state_dir), _host_lock(config):
+    with DaemonLock(config.state.state_dir), _host_lock(config) as host:
+        if host is not None and host.not_taken is not None:
+            log.warning(
+                "host_lock_not_taken",
+                reason=host.not_taken,
+                action="a second daemon on this host would not be refused",
+            )
         await _run(config, stop, reload, reload_config or (lambda: config))
 
 
-def _host_lock(config: Config) -> contextlib.AbstractContextManager[object]:
+def _host_lock(config: Config) -> contextlib.AbstractContextManager[HostLock | None]:
     """The host-wide lock of a daemon on the system journal (none for a journal directory:
     several daemons may read one, each for its own host)."""
     if config.journal.directory is not None:
         return contextlib.nullcontext()
-    where = Path(os.environ.get(HOST_LOCK_DIR_ENV) or DEFAULT_RUNTIME_DIR)
-    lock = HostLock(where)
-
-    @contextlib.contextmanager
-    def held() -> Iterator[HostLock]:
-        with lock:
-            if lock.taken is not None:
-                log.warning("host_lock_not_taken", reason=lock.taken,
-                            action="a second daemon on this host would not be refused")  # fmt: skip
-            yield lock
-
-    return held()
+    return HostLock(Path(os.environ.get(HOST_LOCK_DIR_ENV) or DEFAULT_RUNTIME_DIR))
 
 
 async def _run(
@@ -159,12 +154,13 @@ async def _run(
         python_of=lambda unit: daemon.config.unit(unit).python,
     )
     gates: GateServer | None = None
+    holds = Holds(hold_dir(config.state.runtime_dir))
     actor = Actor(
         halter,
         control,
         metrics,
         gate_waiting=lambda unit: gates is not None and gates.is_waiting(unit),
-        holds=Holds(hold_dir(config.state.runtime_dir)),
+        holds=holds,
     )
     hangs = HangWatcher(config, systemd=control)
     # Per-unit metric series only for the units systemd has (see actions.installed).
@@ -228,8 +224,8 @@ async def _run(
 
     def refresh_halted() -> None:
         metrics.halted_units(quarantined_units(config))
-        holds = Holds(hold_dir(config.state.runtime_dir)).all()
-        metrics.held_units({unit: hold.until for unit, hold in holds.items()}, time.time())
+        standing = holds.all()
+        metrics.held_units({unit: hold.until for unit, hold in standing.items()}, time.time())
 
     def before_scrape() -> None:
         installed.wake()  # units configured by a reload are asked about

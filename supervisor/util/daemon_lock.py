@@ -37,12 +37,15 @@ class DaemonLock:
 
     def __enter__(self) -> DaemonLock:
         try:
-            make_dirs(self.path.parent)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._open(0o600)
         except OSError as exc:
             raise StateError(f"{self.path}: cannot open the lock file: {exc.strerror}") from exc
         self._take(fd)
         return self
+
+    def _open(self, mode: int) -> int:
+        make_dirs(self.path.parent)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
 
     def _take(self, fd: int) -> None:
         try:
@@ -65,12 +68,12 @@ class HostLock(DaemonLock):
     """One daemon acting on a host's system journal, whatever its state directory: a second
     one refuses to start, in one line. Taken where it can be: a runtime directory this user
     cannot make or open (no service installed, another account's) takes nothing, and says so
-    through `taken`."""
+    through `not_taken`."""
 
     def __init__(self, runtime_dir: Path) -> None:
         super().__init__(runtime_dir)
         self.path = runtime_dir / HOST_LOCK_NAME
-        self.taken: str | None = None  # why it was not taken, when it was not
+        self.not_taken: str | None = None  # why it was not taken, when it was not
         self._busy = (
             "another vllm-supervisor (pid {holder}) already follows this host's journal and "
             "acts on its units: a second one would halt and tell every crash again; stop it "
@@ -79,10 +82,9 @@ class HostLock(DaemonLock):
 
     def __enter__(self) -> HostLock:
         try:
-            make_dirs(self.path.parent)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            fd = self._open(0o640)
         except OSError as exc:
-            self.taken = f"{self.path}: {exc.strerror}"
+            self.not_taken = f"{self.path}: {exc.strerror}"
             return self
         self._take(fd)
         return self
