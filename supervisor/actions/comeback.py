@@ -23,6 +23,7 @@ from ..actions.systemd import SystemdClient, ask_once
 from ..config import SUPERVISOR_UNIT
 from ..errors import SystemdError
 from ..model import UnitState
+from ..util.jsontext import whole_number
 
 SYSTEMD_TIMEOUT_S = 2.0
 
@@ -76,7 +77,7 @@ def ask_about(unit: str = SUPERVISOR_UNIT) -> SupervisorUnit | None:
         job = await client.pending_job(unit)
         left = await client.unit_property(unit, "ActiveExitTimestampMonotonic")
         # systemd's t (microseconds); anything else says nothing of when it went down.
-        left_us = left if isinstance(left, int) and not isinstance(left, bool) else 0
+        left_us = whole_number(left)
         now_us = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         return SupervisorUnit(state, job, (now_us - left_us) / 1e6 if left_us else None)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..config import DEFAULT_RUNTIME_DIR, Config
 from ..errors import SystemdError
+from ..util.jsontext import whole_number
 from ..util.text import bounded
 from .quarantine import Quarantine
 from .systemd import SystemdClient, ask_once
@@ -80,7 +81,7 @@ class Hold:
             unit=unit,
             until=float(until),  # type: ignore[arg-type]
             since=float(since),  # type: ignore[arg-type]
-            crashes=crashes if isinstance(crashes, int) and not isinstance(crashes, bool) else 0,
+            crashes=whole_number(crashes),
             reason=str(record.get("reason") or ""),
             rule=str(record.get("rule") or ""),
             invocation_id=_text_or_none(record.get("invocation_id")),

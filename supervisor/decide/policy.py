@@ -63,6 +63,7 @@ from ..model import (
     Verdict,
     duration,
 )
+from ..util.jsontext import whole_number
 from .pacing import Schedule
 
 DEFAULT_UNKNOWN_REPEAT_LIMIT = 3
@@ -113,13 +114,12 @@ class RestartPolicy:
         for key, value in (state or {}).items():
             if isinstance(value, dict) and isinstance(key, str):
                 count, ran_s = value.get("count", 0), value.get("ran_s")
-                crashes = value.get("crashes", 0)
                 unit, _, host = key.partition(_HOST_SEPARATOR)
                 self._streaks[(host, unit)] = _Streak(
                     value.get("fingerprint"),
                     count if isinstance(count, int) else 0,
                     _seconds_or_none(ran_s),
-                    crashes if isinstance(crashes, int) and not isinstance(crashes, bool) else 0,
+                    whole_number(value.get("crashes")),
                 )
 
     def _streak(self, invocation: Invocation) -> _Streak:

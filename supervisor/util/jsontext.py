@@ -18,3 +18,9 @@ def loads(text: str | bytes | bytearray) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def whole_number(value: object, default: int = 0) -> int:
+    """`value` read back from JSON (a record, a reply) as an int, or `default` for anything
+    else: a bool is JSON's true/false, not a count."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
