@@ -5,12 +5,11 @@ fails it here."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
-from pathlib import Path
 
 from ..classify import load_table
-from ..config import Config, check_webhook, load_config
+from ..config import check_webhook, load_config
 from ..engines.profiles import load_engines
 from .options import config_path
 from .setup import alias_note, ask_systemd, inline_webhook_note, missing_drop_ins, ungated_note
@@ -28,8 +27,10 @@ def main(args: argparse.Namespace) -> int:
         check_webhook(config.slack)
     except OSError as exc:
         print(f"warning: the webhook URL was not checked: {exc.strerror}", file=sys.stderr)
-    if path is not None and (note := _quietly(inline_webhook_note, config, path)) is not None:
-        print(f"warning: {note}", file=sys.stderr)
+    if path is not None:
+        with contextlib.suppress(OSError):  # read a moment ago: a stat that fails says nothing
+            if (note := inline_webhook_note(config, path)) is not None:
+                print(f"warning: {note}", file=sys.stderr)
     units = ", ".join(u.name for u in config.units) or "none (pass --unit to run)"
     print(
         f"config ok: units: {units}; {len(table.signatures)} signatures; engines: "
@@ -57,11 +58,3 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _quietly(check: Callable[[Config, Path], str | None], config: Config, path: Path) -> str | None:
-    """`check`'s note, or None when the file cannot be looked at (it was read a moment ago)."""
-    try:
-        return check(config, Path(path))
-    except OSError:
-        return None
