@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from ..config import Config
 from ..environment.addresses import is_local, listen_address, not_assigned
-from ..model import ENDINGS, Basis, Confidence, Ended, Evidence, JournalEntry, Severity, Verdict
+from ..model import Basis, Confidence, Ended, Evidence, JournalEntry, Severity, Verdict
+from .port_evidence import crash_here_now
 
 
 class AddressEvidence:
@@ -47,13 +48,9 @@ class AddressEvidence:
         """The evidence with the address the crash could not bind, when this host lacks it
         now; unchanged for any other crash, another host's or an old one."""
         inv = ended.invocation
-        if not not_assigned(ended.reading.root_cause) or inv.unit is None or inv.ended_us is None:
+        if not not_assigned(ended.reading.root_cause) or evidence.phase.served:
             return evidence
-        if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
-            return evidence  # history: whether this host has the address now says nothing
-        if inv.host is not None and self._machine_id is not None and inv.host != self._machine_id:
-            return evidence
-        if ENDINGS[inv.ending].not_a_crash is not None or evidence.phase.served:
+        if not crash_here_now(inv, self._clock(), self.config, self._machine_id):
             return evidence
         address = listen_address(line.text for line in inv.lines)
         if address is None or await asyncio.to_thread(is_local, address) is not False:

@@ -58,6 +58,7 @@ from ..model import (
     Confidence,
     Ended,
     Evidence,
+    Invocation,
     JournalEntry,
     LifecycleEvent,
     PortHeld,
@@ -210,19 +211,27 @@ class PortEvidence:
         a skip), whose cause is the bind error itself (not a warning or an old line), before
         the server logged it serves: only then does the holder now tell about it."""
         reading, inv = ended.reading, ended.invocation
-        if reading.signature not in PORT_SIGNATURES or inv.unit is None or inv.ended_us is None:
+        if reading.signature not in PORT_SIGNATURES or not inv.failed:
             return False
-        if self._clock() - inv.ended_us / 1e6 > self.config.systemd.act_window_s:
-            return False  # history: who holds the port now says nothing about then
-        if inv.host is not None and self._machine_id is not None and inv.host != self._machine_id:
-            return False  # another host's crash: this host's /proc says nothing of it
-        if ENDINGS[inv.ending].not_a_crash is not None or not inv.failed:
-            return False  # an operator stop, a skip: nothing to add
+        if not crash_here_now(inv, self._clock(), self.config, self._machine_id):
+            return False
         if reading.from_context or reading.confidence is Confidence.LOW:
             return False
         # A server that logged it serves had bound its port (a long load is not serving: a
         # large model may load for 10+ minutes, then fail to bind).
         return not inv.served
+
+
+def crash_here_now(inv: Invocation, now: float, config: Config, machine_id: str | None) -> bool:
+    """A crash (not a stop, a skip) of a unit on this host that ended moments ago: only of
+    such a crash does this host's state now (who holds a port, which addresses it has) tell."""
+    if inv.unit is None or inv.ended_us is None:
+        return False
+    if now - inv.ended_us / 1e6 > config.systemd.act_window_s:
+        return False  # history: the host now says nothing about then
+    if inv.host is not None and machine_id is not None and inv.host != machine_id:
+        return False  # another host's crash: this host says nothing of it
+    return ENDINGS[inv.ending].not_a_crash is None
 
 
 def port_verdict(
