@@ -67,9 +67,8 @@ class Action(StrEnum):
     """What the policy decided to do about an ended invocation."""
 
     HALT = "halt"
-    # Restart, but not before a delay that grows with each crash in a row (pacing), or not
-    # before a condition clears: the gate refuses starts until then and systemd starts the unit
-    # at the end (supervisor.actions.holds).
+    # Restart, but not before a delay that grows with each crash in a row (pacing): the gate
+    # refuses starts until then and systemd starts the unit at the end (supervisor.actions.holds).
     HOLD = "hold"
     ALLOW_RESTART = "allow-restart"
     OBSERVE = "observe"
@@ -82,9 +81,8 @@ class Taken(StrEnum):
     QUARANTINED = "quarantined"  # quarantined; systemd was not told (disabled or failing)
     HALT_FAILED = "halt-failed"  # the quarantine could not be written
     WOULD_HALT = "dry-run"  # a dry run: it would have halted (or held)
-    HELD = (
-        "held"  # its next start is held until a time: the gate refuses it, systemd starts it then
-    )
+    # Its next start is held until a time: the gate refuses it, systemd starts it then.
+    HELD = "held"
     RESTARTING = "restarting"  # systemd restarts it (its own Restart=)
     RESTARTED = "restarted"  # the supervisor restarted it (a hung engine; exit 0 after a crash)
     RESTART_FAILED = "restart-failed"
