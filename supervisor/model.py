@@ -12,7 +12,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from .util.when import utc
+from .util.when import iso_seconds
 
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -576,8 +576,7 @@ class Outcome:
 
 def _iso(us: int | None) -> str | None:
     """A journal timestamp (microseconds since the epoch) in ISO 8601, UTC."""
-    when = utc(us, per_second=1_000_000) if us is not None and us > 0 else None
-    return None if when is None else when.isoformat(timespec="seconds")
+    return iso_seconds(us, per_second=1_000_000) if us is not None and us > 0 else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

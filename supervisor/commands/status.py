@@ -38,7 +38,7 @@ from ..store import Store
 from ..util.daemon_lock import LOCK_NAME, lock_holder
 from ..util.jsontext import loads
 from ..util.text import for_terminal, visible
-from ..util.when import utc
+from ..util.when import iso_seconds, utc
 from .options import resolve_config
 
 EXIT_HEALTHY = 0
@@ -184,22 +184,16 @@ def standing_hold(hold: Hold | None, now: float) -> dict[str, Any] | None:
     if hold is None or hold.until <= now:
         return None
     return {
-        "until": _iso(hold.until),
+        "until": iso_seconds(hold.until),
         "until_epoch": hold.until,
         "left_s": hold.left_s(now),
-        "since": _iso(hold.since),
+        "since": iso_seconds(hold.since),
         "crashes": hold.crashes,
         "rule": hold.rule or None,
         "reason": hold.reason or None,
         "invocation_id": hold.invocation_id,
         "signature": hold.signature,
     }
-
-
-def _iso(when: float) -> str | None:
-    """ISO 8601 in UTC; None for a time no datetime holds (a record edited by hand)."""
-    at = utc(when)
-    return None if at is None else at.isoformat(timespec="seconds")
 
 
 def _unit_status(

@@ -22,3 +22,9 @@ def clock_time(when: float) -> str:
     time a datetime holds)."""
     at = utc(when)
     return "unknown" if at is None else at.strftime("%H:%M:%S UTC")
+
+
+def iso_seconds(value: object, *, per_second: int = 1) -> str | None:
+    """`value` (as for `utc`) in ISO 8601, UTC, to the second; None for no time it holds."""
+    at = utc(value, per_second=per_second)
+    return None if at is None else at.isoformat(timespec="seconds")
