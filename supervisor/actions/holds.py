@@ -190,7 +190,7 @@ async def disarm(client: SystemdClient, unit: str, *, keep: str | None = None) -
     """Stop every hold timer of `unit` (but `keep`); the timers stopped."""
     pattern = f"{TIMER_PREFIX}{_name_part(unit)}-*.timer"
     stopped = []
-    for name, _state in await client.units_matching([pattern]):
+    for name in await client.units_matching([pattern]):
         if name != keep and name.endswith(".timer"):
             with contextlib.suppress(SystemdError):  # gone meanwhile: nothing to stop
                 await client.stop_unit(name)

@@ -149,13 +149,13 @@ class SystemdClient:
         )
         return str(body[0])
 
-    async def units_matching(self, patterns: Sequence[str]) -> list[tuple[str, str]]:
-        """The loaded units whose names match the shell `patterns`: (name, active state)."""
+    async def units_matching(self, patterns: Sequence[str]) -> list[str]:
+        """The names of the loaded units that match the shell `patterns`."""
         body = await self._call(
             MANAGER_PATH, MANAGER_IFACE, "ListUnitsByPatterns", "asas", [[], list(patterns)]
         )
         try:
-            return [(str(row[0]), str(row[3])) for row in body[0]]
+            return [str(row[0]) for row in body[0]]
         except (TypeError, IndexError) as exc:
             raise SystemdError(
                 f"ListUnitsByPatterns: unexpected reply: {exc}",
