@@ -13,6 +13,7 @@ dbus-fast reads the D-Bus signatures from the annotations.
 
 # ruff: noqa: F821, F722 - the string annotations are D-Bus signatures, not Python names.
 
+import argparse
 import asyncio
 import dataclasses
 import os
@@ -40,7 +41,7 @@ from vllm_supervisor.actions.systemd import SystemdClient
 from vllm_supervisor.actions.unitnames import RealNames, ask_names, under_real_names
 from vllm_supervisor.app import compose_daemon
 from vllm_supervisor.classify.table import load_table
-from vllm_supervisor.commands import setup
+from vllm_supervisor.commands import gate, setup
 from vllm_supervisor.commands.demo import demo_config, seed_lines
 from vllm_supervisor.config import Config, UnitConfig, load_config
 from vllm_supervisor.daemon import Daemon
@@ -461,3 +462,26 @@ def test_check_config_looks_for_an_aliass_gate_under_the_real_name(
     # With systemd to ask, what it loaded decides: its ExecCondition= (here: none) runs no gate.
     said = check_config(config, systemd_in_a_thread).stderr
     assert f"systemd runs no vllm-supervisor gate for {ALIAS}" in said, said
+
+
+def test_the_gate_asked_by_an_alias_refuses_the_real_units_halt(
+    systemd_in_a_thread: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A gate written with the alias (`gate llm.service`, by hand or by an older setup) reads
+    the record filed under the real name: a start by any name of a halted unit is refused."""
+    runtime, state = tmp_path / "run", tmp_path / "state"
+    Quarantine(runtime / "quarantine").write(
+        REAL, {"signature": "flashinfer_cubin_mismatch", "reason": "fatal"}
+    )
+    args = argparse.Namespace(
+        unit=ALIAS,
+        config=tmp_path / "absent.toml",
+        runtime_dir=runtime,
+        state_dir=state,
+        supervisor_unit="vllm-supervisor.service",
+    )
+    assert gate.main(args) == gate.EXIT_QUARANTINED
+    said = capsys.readouterr().err
+    assert f"{ALIAS} is {REAL}" in said, said
+    assert "flashinfer_cubin_mismatch" in said
+    assert f"vllm-supervisor release {REAL}" in said

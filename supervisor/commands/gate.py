@@ -54,6 +54,7 @@ from ..actions import (
     hold_dirs,
     note_release,
     quarantine_dirs,
+    real_name,
     socket_path,
     start_once,
     still_holds,
@@ -75,6 +76,7 @@ RECHECK_FIRST_S = 10.0  # a halt that can clear by itself is checked this soon, 
 RECHECK_MAX_S = 60.0  # ... and at least this often while it lasts
 COMEBACK_POLL_S = 0.1  # how often a gate knocks while the supervisor comes back
 COMEBACK_LOOK_S = 1.0  # how often it asks systemd whether it still does
+NAME_TIMEOUT_S = 1.0  # for systemd's answer to "which unit is this name?"; unanswered: as named
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,8 +96,12 @@ def main(args: argparse.Namespace) -> int:
     if runtime_dir == DEFAULT_RUNTIME_DIR and args.runtime_dir is not None:
         runtime_dir = args.runtime_dir  # where the daemon's socket is, for a test's daemon
     named = tuple(d for d in (args.runtime_dir, args.state_dir) if d is not None)
+    # Records are filed under the unit's real name; a gate written with an alias must find them.
+    unit = real_name(args.unit, timeout_s=NAME_TIMEOUT_S)
+    if unit != args.unit:
+        _say(f"{args.unit} is {unit}: its records are read under that name", file=sys.stderr)
     return gate_main(
-        args.unit,
+        unit,
         runtime_dir,
         state.state_dir,
         wait_s=config.gate.wait_s,

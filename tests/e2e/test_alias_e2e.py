@@ -108,6 +108,11 @@ def test_a_config_naming_an_alias_halts_the_real_unit_at_the_first_crash(
     [said] = supervisor_events(container, "unit_is_an_alias")
     assert (said["unit"], said["real_name"]) == (ALIAS, UNIT)
     assert said["detail"] == f"{ALIAS} is an alias of {UNIT}: following {UNIT}"
+    # A person starting the halted unit by its alias is refused like by its real name.
+    container.systemctl("start", ALIAS)
+    assert len(invocations_that_ran(container)) == 1
+    refused = container.run("journalctl", "-u", UNIT, "-o", "cat", "--no-pager").stdout
+    assert f"{UNIT}: start refused, quarantined" in refused, refused
     # A person who knows the unit by its alias: status and release find the real unit's record.
     status = container.run("vllm-supervisor", "status", ALIAS, check=False)
     assert "flashinfer_cubin_mismatch" in status.stdout, status.stdout
