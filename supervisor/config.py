@@ -130,6 +130,9 @@ class TrackerConfig:
     # flood it received before the end), at most this long after the end.
     drain_max_s: float = 10.0
     ratelimit_interval_s: float = 30.0  # journald's RateLimitIntervalSec= (lost-line reports)
+    # The unit's LogRateLimitBurst= (the gate drop-in's): a crash with no error line that
+    # logged this many lines within the interval may have lost its own lines to journald.
+    ratelimit_burst: int = 100_000
     # An error logged while serving more than this long before the end is context, not cause.
     cause_window_s: float = 120.0
 
@@ -372,6 +375,7 @@ def validate(config: Config) -> Config:
         "max_line_chars",
         "max_open_invocations",
         "ratelimit_interval_s",
+        "ratelimit_burst",
         "cause_window_s",
     ):
         _positive(f"tracker.{key}", getattr(config.tracker, key))

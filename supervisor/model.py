@@ -169,6 +169,8 @@ class Invocation:
     total_lines: int = 0  # lines seen, including those not kept
     dropped_lines: int = 0  # lines not kept because of the memory caps
     suppressed_lines: int = 0  # lines journald's rate limit dropped ("Suppressed N messages")
+    lines_in_limit_interval: int = 0  # its lines in journald's last rate-limit interval
+    limit_burst: int = 0  # the unit's LogRateLimitBurst= as configured (0: not known)
     ending: Ending = Ending.EXITED
     host: str | None = None  # _MACHINE_ID of the machine it ran on
     hostname: str | None = None
@@ -210,6 +212,25 @@ class Invocation:
         if self.started_us is None or self.ended_us is None:
             return None
         return max(0.0, (self.ended_us - self.started_us) / 1e6)
+
+    def lines_lost(self) -> str | None:
+        """What journald's rate limit cost (or may have cost) its lines, in words.
+
+        journald says "Suppressed N messages" only when the unit logs again after the
+        interval, often after the decision; a run that logged the burst within one interval
+        had its later lines dropped unless free disk scaled the burst up (up to ~6 times).
+        """
+        if self.suppressed_lines:
+            return f"journald's rate limit dropped {self.suppressed_lines} lines"
+        if self.total_lines == 0:
+            return "no line of it reached the journal (journald's rate limit may have dropped all)"
+        if self.limit_burst and self.lines_in_limit_interval >= self.limit_burst:
+            return (
+                f"it logged {self.lines_in_limit_interval} lines within one rate-limit interval, "
+                f"past the unit's burst ({self.limit_burst}, more with free disk): its last "
+                "lines, the crash's among them, may have been dropped by journald"
+            )
+        return None
 
     @property
     def failed(self) -> bool:

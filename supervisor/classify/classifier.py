@@ -194,7 +194,8 @@ class Classifier:
         if invocation.failed and verdict.root_cause is None:
             verdict = _failed_without_cause(verdict, invocation, self._is_noise, self._reads)
             facts = dataclasses.replace(facts, guessed=True)
-        return dataclasses.replace(verdict, notes=(*verdict.notes, *_loss_notes(invocation))), facts
+        notes = (*verdict.notes, *_loss_notes(invocation, verdict))
+        return dataclasses.replace(verdict, notes=notes), facts
 
     def _is_noise(self, text: str) -> bool:
         match = self.table.match(text)
@@ -791,7 +792,7 @@ def _after_frame(texts: Sequence[str]) -> list[bool]:
     return flags
 
 
-def _loss_notes(invocation: Invocation) -> list[str]:
+def _loss_notes(invocation: Invocation, verdict: Verdict) -> list[str]:
     """What the verdict could not see: lines dropped by the caps and by journald."""
     notes: list[str] = []
     if invocation.dropped_lines:
@@ -800,6 +801,9 @@ def _loss_notes(invocation: Invocation) -> list[str]:
             f"{kept} of {invocation.total_lines} lines kept for classification (the latest "
             f"error lines of each process; {invocation.dropped_lines} dropped by the memory caps)"
         )
-    if invocation.suppressed_lines:
-        notes.append(f"journald's rate limit dropped {invocation.suppressed_lines} lines")
+    lost = invocation.lines_lost()
+    # A run with no line at all is said so by its title (_failed_without_cause).
+    said = invocation.suppressed_lines or verdict.severity is Severity.UNKNOWN
+    if lost is not None and said and invocation.total_lines:
+        notes.append(lost)
     return notes

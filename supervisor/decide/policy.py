@@ -152,6 +152,7 @@ class RestartPolicy:
         rules = _Rules(unknown_repeat_limit, halt_inferred, repeat_window_s)
         decision = self._decide(invocation, verdict, evidence, rules)
         decision = self._paced(invocation, decision, evidence.phase, schedule or Schedule())
+        decision = _said_lost(decision, invocation, verdict)
         return _as_dry_run(decision) if dry_run else decision
 
     def _paced(
@@ -338,6 +339,16 @@ def _as_dry_run(decision: Decision) -> Decision:
     if decision.action in (Action.HALT, Action.HOLD):
         reason = f"dry run, would {decision.action.value}: {reason}"
     return dataclasses.replace(decision, reason=reason, dry_run=True)
+
+
+def _said_lost(decision: Decision, invocation: Invocation, verdict: Verdict) -> Decision:
+    """A crash decided on a log journald cut says so: the cause may be in the lost lines."""
+    if decision.action is Action.OBSERVE or verdict.severity is not Severity.UNKNOWN:
+        return decision
+    lost = invocation.lines_lost()
+    if lost is None:
+        return decision
+    return dataclasses.replace(decision, reason=f"{decision.reason}; {lost}")
 
 
 def _observe(rule: Rule, reason: str) -> Decision:

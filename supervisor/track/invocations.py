@@ -118,6 +118,12 @@ class Run:
     end_cursor: str | None = None  # PID 1's entry that ended it
     last_us: int = 0
     pids: set[int] = field(default_factory=set)
+    # Its lines as journald's rate limit counts them: an interval begins at the first line
+    # after the last one ended (RateLimitIntervalSec=), and lines past the burst are dropped.
+    limit_interval_us: int = 30_000_000
+    limit_burst: int = 0
+    limit_begun_us: int = 0
+    limit_lines: int = 0
     # What the supervisor's gate begins its lines in this unit's journal with (each line
     # passes here: worked out once per run, not per line).
     gate_prefixes: tuple[str, ...] = field(init=False)
@@ -136,6 +142,9 @@ class Run:
         self.last_cursor = entry.cursor
         if entry.realtime_us > self.last_us:
             self.last_us = entry.realtime_us
+        if entry.realtime_us - self.limit_begun_us > self.limit_interval_us:
+            self.limit_begun_us, self.limit_lines = entry.realtime_us, 0
+        self.limit_lines += 1
         if entry.message.startswith(self.gate_prefixes):
             return  # the supervisor's own words, never the server's output nor its cause
         pid = entry.pid
@@ -163,6 +172,8 @@ class Run:
             total_lines=self.total,
             dropped_lines=self.total - len(lines),
             suppressed_lines=self.suppressed,
+            lines_in_limit_interval=self.limit_lines,
+            limit_burst=self.limit_burst,
             exit_code=self.exit_code,
             exit_status=self.exit_status,
             result="exec-condition" if ending is Ending.SKIPPED else self.result,
@@ -538,6 +549,8 @@ class UnitRuns:
             first_cursor=entry.cursor,
             started_us=entry.realtime_us,
             restarts=self.restarts,
+            limit_interval_us=int(self._context.caps.ratelimit_interval_s * 1_000_000),
+            limit_burst=self._context.caps.ratelimit_burst,
         )
         run.touch(entry)
         self.running[entry.invocation_id] = run
