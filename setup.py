@@ -9,13 +9,18 @@ without a compiler both formats are parsed in Python.
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
+SERIES = "0.1"  # the version is SERIES.N, N the number of commits: it grows with each build
+VERSION_ENV = "VLLM_SUPERVISOR_VERSION"  # a build from a copy without .git (tests/packaged.py)
+HERE = Path(__file__).resolve().parent
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 READER_SOURCE = "supervisor/journal/journal_reader.c"
 # Installed beside the package's modules, where `reader.NATIVE_READER` looks for it.
@@ -67,7 +72,34 @@ class OptionalBuildExt(build_ext):
         return [*super().get_outputs(), *([str(program)] if program.exists() else [])]
 
 
+def build_version() -> str:
+    """SERIES.N from the git history, so that `pip install` of a newer build replaces an older
+    one; else what the environment or an sdist's PKG-INFO says; else SERIES.0."""
+    given = os.environ.get(VERSION_ENV, "").strip()
+    if given:
+        return given
+    if (HERE / ".git").exists():
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(HERE), "rev-list", "--count", "HEAD"],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            )
+            return f"{SERIES}.{int(done.stdout.strip())}"
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            print(f"warning: no version from git ({exc}): {SERIES}.0", file=sys.stderr)
+    info = HERE / "PKG-INFO"
+    if info.is_file():
+        found = re.search(r"^Version: (\S+)$", info.read_text(encoding="utf-8"), re.MULTILINE)
+        if found:
+            return found.group(1)
+    return f"{SERIES}.0"
+
+
 setup(
+    version=build_version(),
     ext_modules=[
         # The rows' parser, in the daemon's own process: plain C, no library at all.
         Extension(

@@ -51,7 +51,8 @@ def render() -> dict[str, str]:
                 build_parser(),
                 _data={
                     "project_name": "vllm-supervisor",
-                    "version": __version__,
+                    # The series only: the page must not change with each commit's build.
+                    "version": ".".join(__version__.split(".")[:2]),
                     "manual_title": "vllm-supervisor manual",
                     "date": MAN_DATE,
                     "description": "halt systemd restart loops of LLM inference servers on"

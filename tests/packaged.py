@@ -86,6 +86,9 @@ def build(workdir: Path, *, without_libsystemd: bool = False) -> Built:
     source = tracked_copy(workdir / "src")
     out = workdir / "dist"
     env = dict(os.environ)
+    # The copy has no .git: the version the checkout's history gives (setup.py's SERIES.N).
+    commits = run("git", "-C", REPO, "rev-list", "--count", "HEAD").stdout.strip()
+    env.setdefault("VLLM_SUPERVISOR_VERSION", f"0.1.{commits}")
     if without_libsystemd:
         headers = workdir / "include"
         (headers / "systemd").mkdir(parents=True)

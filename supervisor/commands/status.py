@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from .. import __version__
 from ..actions import Hold, SystemdClient, ask_once, holds_of, quarantine_records, real_name
 from ..config import SUPERVISOR_UNIT, Config, parse_listen
 from ..environment import PROC, Holder, holders
@@ -57,7 +58,9 @@ Scrape = Callable[[str], str | None]  # the daemon's /metrics text, or None with
 READER_RESTARTS = "vllm_supervisor_journal_source_restarts_total"
 RUNNING_START = "vllm_supervisor_unit_start_timestamp_seconds"
 RUNNING_SERVING = "vllm_supervisor_unit_serving"
+BUILD_INFO = "vllm_supervisor_build_info"
 _UNIT_LABEL = re.compile(r'unit="((?:[^"\\]|\\.)*)"')
+_VERSION_LABEL = re.compile(r'version="([0-9A-Za-z.+!_-]{1,64})"')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +95,7 @@ class DaemonStatus:
     error: str | None = None
     squatter: str | None = None  # who else holds the metrics port: /healthz not trusted
     reader_restarts: int | None = None  # of its journal reader child, from /metrics
+    version: str | None = None  # the running daemon's, from /metrics (maybe not the installed)
     # Per unit, from /metrics: the running invocation's start (Unix time) and whether it serves.
     starts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -308,6 +312,7 @@ def daemon_status(config: Config, health: Health, scrape: Scrape | None = None) 
         healthy=healthy,
         health=details,
         reader_restarts=None if exposition is None else reader_restarts_in(exposition),
+        version=version_in(exposition or ""),
         starts=unit_starts_in(exposition or ""),
     )
 
@@ -375,6 +380,14 @@ def reader_restarts_in(exposition: str) -> int:
     """The sum of the reader restart counter's series (every reason) in Prometheus text."""
     total = sum(v for name, _, v in _samples(exposition) if name == READER_RESTARTS and v > 0)
     return int(min(total, 2**62))
+
+
+def version_in(exposition: str) -> str | None:
+    """The running daemon's version, from its build_info series in Prometheus text."""
+    for name, labels, value in _samples(exposition):
+        if name == BUILD_INFO and value == 1 and (found := _VERSION_LABEL.search(labels)):
+            return found.group(1)
+    return None
 
 
 def unit_starts_in(exposition: str) -> dict[str, dict[str, Any]]:
@@ -521,7 +534,13 @@ def _render_daemon(daemon: DaemonStatus) -> list[str]:
         state = "unknown" if daemon.running is None else "NOT RUNNING"
         return [f"● vllm-supervisor: {state} ({daemon.error})"]
     health = {True: "healthy", False: "UNHEALTHY", None: "health unknown"}[daemon.healthy]
-    lines = [f"● vllm-supervisor: running (pid {daemon.pid or '?'}), {health}"]
+    running = f"pid {daemon.pid or '?'}" + (f", version {daemon.version}" if daemon.version else "")
+    lines = [f"● vllm-supervisor: running ({running}), {health}"]
+    if daemon.version and daemon.version != __version__:
+        lines.append(
+            f"    note:      {__version__} is installed: restart it to run that "
+            "(systemctl restart vllm-supervisor)"
+        )
     if daemon.squatter:
         lines.append(f"    problem:   {daemon.squatter}; its /healthz is not asked")
     details = daemon.health
