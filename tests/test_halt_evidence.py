@@ -25,6 +25,7 @@ from corpus_judge import failed_invocation
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_supervisor.actions import evidence
 from vllm_supervisor.actions.amend import amend
 from vllm_supervisor.actions.evidence import changed, evidence_of
 from vllm_supervisor.actions.halt import RECORD_TEXT_LIMIT, Halter, quarantine_record
@@ -34,6 +35,7 @@ from vllm_supervisor.classify.signatures import load_signature_table
 from vllm_supervisor.commands.demo import Dist, make_venv, site_packages, write_dist
 from vllm_supervisor.commands.gate import EXIT_ALLOW, EXIT_QUARANTINED, gate_main
 from vllm_supervisor.environment.fingerprint import UnitSettings, take
+from vllm_supervisor.environment.unit_view import UnitView
 from vllm_supervisor.model import Action, Decision, Outcome, Rule
 
 UNIT = "vllm.service"
@@ -107,13 +109,18 @@ class TestMissingPath:
         record = quarantine_record(outcome(lines, Rule.INFERRED_FATAL))
         assert record["evidence"] == {"kind": "missing_path", "path": str(missing)}
 
-    def test_refused_while_missing_then_let_through_once_it_exists(self, tmp_path: Path) -> None:
+    def test_refused_while_missing_then_let_through_once_it_exists(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # What systemd answers the gate for a unit run as root with no mount settings (the
+        # answers for other units: tests/test_unit_view.py and the e2e's PrivateTmp= unit).
+        monkeypatch.setattr(evidence, "ask_unit_view", lambda unit, timeout_s: UnitView())
         missing = tmp_path / "mnt" / "models"
         records = quarantine(tmp_path, {"evidence": {"kind": "missing_path", "path": str(missing)}})
         assert gate(tmp_path)[0] == EXIT_QUARANTINED
         missing.mkdir(parents=True)  # the network mount arrives
         code, text = gate(tmp_path)
-        assert code == EXIT_ALLOW and f"{missing} exists now" in text
+        assert code == EXIT_ALLOW and f"{missing} exists now, as {UNIT} sees it" in text
         assert not records.is_quarantined(UNIT)
 
 

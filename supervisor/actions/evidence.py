@@ -19,7 +19,6 @@ asks systemd over D-Bus and lists the venv: 17 ms median for 300 packages, 13 ms
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +32,11 @@ from ..environment.execstart import interpreter_from_exec_start
 from ..environment.fingerprint import UnitSettings, changes, needs_settings, render, take
 from ..environment.ports import holders, listeners
 from ..environment.reach import hidden_by
+from ..environment.unit_view import UnitView, exists_for
 from ..errors import SystemdError
 from ..model import Outcome, Rule
 from .systemd import SystemdClient
-from .unitsettings import ask_unit_settings, unit_settings
+from .unitsettings import ask_unit_settings, ask_unit_view, unit_settings
 
 _log = structlog.get_logger(__name__)
 
@@ -115,13 +115,15 @@ def changed(
     *,
     unit: str | None = None,
     settings: Callable[[str], UnitSettings | None] | None = None,
+    view: Callable[[str], UnitView | None] | None = None,
 ) -> str | None:
     """What changed since the halt, in words, or None while its cause still holds.
 
     `settings` reads systemd's view of `unit` (default: over D-Bus, bounded), asked only when
-    the record's fingerprint has something to compare it with.
+    the record's fingerprint has something to compare it with; `view`, how the unit sees the
+    file system (likewise), asked only for a missing path.
     """
-    gone = _cause_gone(record.get(EVIDENCE_KEY))
+    gone = cause_gone(record, unit=unit, view=view)
     if gone is not None:
         return gone
     fingerprint = record.get(ENVIRONMENT_KEY)
@@ -150,16 +152,38 @@ def waits_on_a_condition(record: dict[str, Any]) -> bool:
     return isinstance(evidence, dict) and evidence.get("kind") in CONDITION_KINDS
 
 
-def cause_gone(record: dict[str, Any]) -> str | None:
+def cause_gone(
+    record: dict[str, Any],
+    *,
+    unit: str | None = None,
+    view: Callable[[str], UnitView | None] | None = None,
+) -> str | None:
     """What says the halt's own cause is gone, in words, or None while it holds (or it has no
     cause that can go): the environment's changes are not asked (an install may be half
-    done, and only a person's start may begin on it)."""
-    return _cause_gone(record.get(EVIDENCE_KEY))
+    done, and only a person's start may begin on it).
 
-
-def _cause_gone(evidence: object) -> str | None:
+    A missing path is looked for as `unit` sees it (supervisor.environment.unit_view): through
+    its mounts, as its user. Where systemd cannot say how (no unit named, no answer), the
+    path is not looked for: the halt stays, and the gate answers nobody whether it exists.
+    """
+    evidence = record.get(EVIDENCE_KEY)
+    name = unit if unit is not None else record.get("unit")
     if not isinstance(evidence, dict):
         return None
+    if evidence.get("kind") == "missing_path":
+        path = evidence.get("path")
+        if not (isinstance(path, str) and path.startswith("/") and isinstance(name, str)):
+            return None
+        read = view or (lambda u: ask_unit_view(u, timeout_s=GATE_SYSTEMD_TIMEOUT_S))
+        seen = read(name)
+        if seen is not None and exists_for(seen, path):
+            return f"{path} exists now, as {name} sees it"
+        return None
+    return _cause_gone(evidence)
+
+
+def _cause_gone(evidence: dict[str, Any]) -> str | None:
+    """A port's or an address's halt: what says its cause is gone, or None."""
     kind = evidence.get("kind")
     if kind == "port_held":
         port = evidence.get("port")
@@ -169,10 +193,6 @@ def _cause_gone(evidence: object) -> str | None:
         address = evidence.get("address")
         if isinstance(address, str) and is_local(address):
             return f"{address} is an address of this host now"
-    elif kind == "missing_path":
-        path = evidence.get("path")
-        if isinstance(path, str) and path.startswith("/") and os.path.exists(path):  # noqa: PTH110
-            return f"{path} exists now"
     return None
 
 

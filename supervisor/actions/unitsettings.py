@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from ..environment.fingerprint import UnitSettings
+from ..environment.unit_view import UnitView, paths_of
 from ..errors import SystemdError
 from .systemd import SERVICE_IFACE, UNIT_IFACE, SystemdClient, ask_once
 
@@ -54,6 +55,66 @@ def ask_unit_settings(unit: str, *, timeout_s: float) -> UnitSettings | None:
     async def question(client: SystemdClient) -> UnitSettings | None:
         async with asyncio.timeout(timeout_s):
             return await unit_settings(client, unit)
+
+    try:
+        return ask_once(question, timeout_s=timeout_s)
+    except (SystemdError, OSError, TimeoutError):
+        return None
+
+
+_VIEW_PROPERTIES = (
+    "User",
+    "Group",
+    "SupplementaryGroups",
+    "DynamicUser",
+    "RootDirectory",
+    "PrivateTmp",
+    "ProtectHome",
+    "BindPaths",
+    "BindReadOnlyPaths",
+    "InaccessiblePaths",
+    "TemporaryFileSystem",
+)
+
+
+async def unit_view(client: SystemdClient, unit: str) -> UnitView | None:
+    """How the unit's processes see the file system (supervisor.environment.unit_view); None
+    for a unit that is not a loaded service. Raises SystemdError."""
+    if not unit.endswith(".service"):
+        return None
+    asked = [(UNIT_IFACE, "LoadState"), *((SERVICE_IFACE, name) for name in _VIEW_PROPERTIES)]
+    props = await client.properties(unit, asked)
+    if props["LoadState"] != "loaded":
+        return None
+    try:
+        binds = [*props["BindPaths"], *props["BindReadOnlyPaths"]]  # a(ssbt): source, dest, ...
+        return UnitView(
+            user=str(props["User"]),
+            group=str(props["Group"]),
+            supplementary=tuple(map(str, props["SupplementaryGroups"])),
+            dynamic_user=bool(props["DynamicUser"]),
+            root_directory=str(props["RootDirectory"]),
+            private_tmp=bool(props["PrivateTmp"]),
+            protect_home=str(props["ProtectHome"]),
+            binds=tuple((str(bind[0]), str(bind[1])) for bind in binds),
+            hidden=(
+                *paths_of([str(p) for p in props["InaccessiblePaths"]]),
+                *(str(mount[0]) for mount in props["TemporaryFileSystem"]),
+            ),
+        )
+    except (TypeError, IndexError, KeyError) as exc:
+        raise SystemdError(
+            f"{unit}: unexpected property types: {exc}", reason="dbus_error", retryable=False
+        ) from exc
+
+
+def ask_unit_view(unit: str, *, timeout_s: float) -> UnitView | None:
+    """For the gate and the recheck: how `unit` sees the file system, or None when systemd
+    cannot be asked, does not answer in time, or knows no such service."""
+
+    async def question(client: SystemdClient) -> UnitView | None:
+        async with asyncio.timeout(timeout_s):
+            return await unit_view(client, unit)
 
     try:
         return ask_once(question, timeout_s=timeout_s)

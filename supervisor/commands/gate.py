@@ -367,7 +367,7 @@ def recheck_main(
     if not all(waits_on_a_condition(record) for _, record in found):
         _say(f"{unit}: halted for good: it waits for a person (release, or a fix)", file=stream)
         return 0
-    gone = [cause_gone(record) for _, record in found]
+    gone = [cause_gone(record, unit=unit) for _, record in found]
     if any(why is None for why in gone):
         _, record = found[0]
         if (holder := still_holds(record)) is not None:

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 
 import pytest
 from nspawn import Container, wait_for
-from served import UNIT, container, history, invocations_that_ran, start_supervisor
+from served import (
+    QUARANTINE,
+    UNIT,
+    container,
+    history,
+    invocations_that_ran,
+    start_supervisor,
+)
 from test_port_e2e import BLOCKER, block, free_port, gate_says
 from test_trust_e2e import FAKE, install, serving_now
 
@@ -102,3 +109,44 @@ def test_a_server_started_before_its_address_exists_serves_once_it_is_there(
         assert time.monotonic() - came <= 60 + 5
         assert recheck_says(container, f"{ADDRESS} is an address of this host now")
         assert len(invocations_that_ran(container)) == 2  # halted at the 1st, never again
+
+
+MISSING_LOG = """INFO 12-05 10:00:00 [api_server.py:1] vLLM API server version 0.11.0
+Traceback (most recent call last):
+  File "/opt/venv/lib/python3.12/site-packages/vllm/entrypoints/chat_utils.py", line 1210, in \
+load_chat_template
+    with open(chat_template) as f:
+FileNotFoundError: [Errno 2] No such file or directory: '{path}'
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "service"),
+    [
+        # The unit's own /tmp: a file in the host's /tmp is not the one it looks for.
+        ("/tmp/models/llama/chat.jinja", "PrivateTmp=yes\n"),
+        # A path only root may reach: the served user cannot see it, and the gate must not
+        # tell it whether it exists.
+        ("/root/models/llama/chat.jinja", "User=nobody\n"),
+    ],
+    ids=["private-tmp", "root-only"],
+)
+def test_a_missing_path_the_unit_cannot_see_does_not_lift_its_halt(
+    container: Container, path: str, service: str
+) -> None:
+    container.write_file("/run/missing.log", MISSING_LOG.format(path=path))
+    install(container, "/opt/vsup/e2e/fake-server.sh /run/missing.log", sec="1s", service=service)
+    start_supervisor(container, CONFIG.format(unit=UNIT, port=free_port()))
+    container.systemctl("start", "--no-block", UNIT)
+    wait_for(lambda: gate_says(container, "checked again at"), timeout=40, what="a recheck armed")
+    (first, *_) = history(container)
+    assert first["decision"]["action"] == "halt", first["decision"]
+
+    container.run("mkdir", "-p", path.rsplit("/", 1)[0])  # as root, in the host's namespace
+    container.run("touch", path)
+    wait_for(lambda: recheck_says(container, "checked again at"), timeout=40,
+             what="a recheck after the file came")  # fmt: skip
+    assert not recheck_says(container, "exists now")
+    assert not gate_says(container, "exists now")
+    assert len(invocations_that_ran(container)) == 1
+    assert container.run("test", "-f", QUARANTINE, check=False).returncode == 0
