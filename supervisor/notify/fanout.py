@@ -26,6 +26,7 @@ from ..telemetry.metrics import Metrics
 from .level import LevelLoop, Quarantined
 from .outbox import Outbox
 from .sink import Mode, Sink
+from .told import ToldLedger, told_path
 
 SinkFactory = Callable[[Config], Sink[Any, Any]]
 
@@ -128,7 +129,8 @@ def build_notifications(
     for factory in discover() if factories is None else factories:
         sink = factory(config)
         if sink.mode is Mode.EDGE:
-            edges.append(Outbox(store, sink, metrics, host=host))
+            told = ToldLedger(told_path(config.state.runtime_dir, sink.name))
+            edges.append(Outbox(store, sink, metrics, host=host, told=told))
         else:
             levels.append(LevelLoop(sink, store, quarantined, metrics=metrics))
     return Notifications(edges, levels)

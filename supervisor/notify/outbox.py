@@ -19,9 +19,10 @@ While the database cannot be written (disk full), alerting goes on from memory: 
 "sent" cannot be recorded is kept in memory (that message is not sent again) and recorded once
 the database takes writes; a crash whose batch could not be committed is `hold()`-en by the
 daemon and announced from memory, and the batch commit that finally records it records the
-message as already sent. Both are exactly-once while the process lives, and at-least-once
-across a crash of the supervisor during the outage (the batch is then read again and its crash
-announced again): the only alternative is at-most-once, silence until the disk is fixed.
+message as already sent. Both are exactly-once while the process lives; what was told from
+memory is also written to the runtime directory (supervisor.notify.told: another file system,
+kept across the daemon's restarts), so a daemon restarted during the outage reads the batch
+again but records its crashes as told instead of telling them twice.
 
 Transient crashes of one unit+signature are grouped: the first is announced at once, later ones
 are folded into one message per `group_interval_s` that carries their count (Alertmanager's
@@ -76,6 +77,7 @@ from .decision import (
 )
 from .queue import MemberKey, OutboxQueue, QueuedMessage, dump
 from .sink import Crash, EdgeSink, LevelSink, Result, failed
+from .told import ToldLedger
 
 BACKOFF_BASE_S = 1.0
 RETENTION_S = 7 * 86400.0  # delivered and failed messages are kept this long for inspection
@@ -116,6 +118,7 @@ class Outbox:
         now: Callable[[], float] = time.time,
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
+        told: ToldLedger | None = None,
     ) -> None:
         self._store = store
         self.sink = sink
@@ -133,6 +136,11 @@ class Outbox:
         self._consecutive_failures = 0
         self._held: dict[MemberKey, _Held] = {}  # crashes not in the database yet, oldest first
         self._unrecorded: dict[int, float] = {}  # message id -> when Slack took it, not recorded
+        # What an earlier daemon told from memory (supervisor.notify.told): never told again.
+        self._told = told
+        if told is not None:
+            held, self._unrecorded = told.load()
+            self._held = {m: _Held(payload="", sent_at=at) for m, at in held.items()}
         self._state_error: str | None = None  # the last write error, logged once
         self._queue = OutboxQueue(store, self._name)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop `run` wakes on
@@ -358,6 +366,7 @@ class Outbox:
             return
         if error.delivered:
             self._held[member].sent_at = self._now()
+            self._remember()
             self._sent_ok()
         elif not error.recoverable:
             del self._held[member]  # the database copy, once committed, gets its own attempts
@@ -374,8 +383,18 @@ class Outbox:
                 return
             del self._unrecorded[message_id]
             self._state_recovered()
-        for member in [m for m, h in self._held.items() if self._queue.of_member(m) is not None]:
+            self._remember()
+        recorded = [m for m, h in self._held.items() if self._queue.of_member(m) is not None]
+        for member in recorded:
             del self._held[member]
+        if recorded:
+            self._remember()
+
+    def _remember(self) -> None:
+        """Keep what was told and is not in the database yet where a restart finds it."""
+        if self._told is not None:
+            told = {m: h.sent_at for m, h in self._held.items() if h.sent_at is not None}
+            self._told.save(told, self._unrecorded)
 
     async def _delivered(self, message: QueuedMessage) -> None:
         """Mark the message sent and its crashes notified; keep that in memory if it fails."""
@@ -385,6 +404,7 @@ class Outbox:
         except StateError as exc:
             # The far end has it: never send it again, record it when the database takes writes.
             self._unrecorded[message.id] = now
+            self._remember()
             self._state_failed(exc)
         else:
             self._state_recovered()

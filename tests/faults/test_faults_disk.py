@@ -151,3 +151,39 @@ class TestDiskFull:
         assert "0.6.2" in texts[1]
         assert saved_cursor(small_state) == last_cursor(tmp_path / "journal")
         assert SECRET not in "".join(p.read_text(errors="replace") for p in sup.logs)
+
+    def test_a_restart_while_full_sends_no_message_twice(
+        self,
+        small_state: Path,
+        tmp_path: Path,
+        slack: SlackServer,
+        make_supervisor: SupervisorFactory,
+    ) -> None:
+        """Seen before: restarted while the state disk was full, the daemon read the batch it
+        could not commit again and posted its crashes a second time. What was told from memory
+        is remembered in the runtime directory (another file system, kept across restarts):
+        the next daemon records it as told, and the history is complete once space returns."""
+        sup = make_supervisor(slack_url=slack.url, state="commit_retry_max_s = 0.5\n")
+        with JournalWriter(tmp_path / "journal") as writer:
+            writer.write(crash("unknown", 1))
+            sup.start()
+            wait_for(lambda: db_rows(small_state, "SELECT notified FROM history") == [(1,)])
+            ballast = _fill(small_state)
+            writer.write(crash("fatal", 2))
+            writer.write(crash("unknown", 3))
+            writer.nudge()
+            wait_for(lambda: len(slack.requests) == 3, what="both told from memory while full")
+            assert sup.terminate() == 0, sup.stderr_text()
+
+            again = make_supervisor(slack_url=slack.url, state="commit_retry_max_s = 0.5\n")
+            again.start()
+            wait_for(lambda: _events(again, "state_commit_failed"), what="the batch read again")
+            ballast.unlink()
+            wait_for(lambda: len(classified(small_state)) == 3, what="the batch committed")
+            wait_for(lambda: all(h["notified"] for h in history_cli(small_state)),
+                     what="every crash recorded as told")  # fmt: skip
+        assert again.terminate() == 0, again.stderr_text()
+        texts = _texts(slack)
+        assert len(texts) == 3, texts
+        assert len(set(texts)) == 3, "a message went out twice"
+        assert db_rows(small_state, "SELECT state FROM outbox ORDER BY id") == [("sent",)] * 3
