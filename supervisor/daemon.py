@@ -289,12 +289,15 @@ class Daemon:
     def _here(self, invocation: Invocation) -> Here:
         """What the actor needs to know of this host and of what was read since `invocation`."""
         newer = self.pipeline.open_invocation(invocation.unit, invocation.host)
+        # A newer run already ended counts too: a batch read again after a restart holds the
+        # crash and the runs after it, and the crash is then no "last run" of a stopped unit.
+        newest = self.pipeline.newest_invocation_id(invocation.unit, invocation.host)
         return Here(
             machine_id=self.machine_id,
             boot_id=self.boot_id,
             now_us=time.time_ns() // 1000,
             act_window_s=self.config.systemd.act_window_s,
-            newer_id=newer.invocation_id if newer is not None else None,
+            newer_id=newer.invocation_id if newer is not None else newest,
             newer_served=newer is not None and newer.served,
         )
 

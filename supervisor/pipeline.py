@@ -177,6 +177,10 @@ class Pipeline:
         """`unit`'s invocation that has not ended (on `host`), if any."""
         return self.tracker.open_invocation(unit, host)
 
+    def newest_invocation_id(self, unit: str | None, host: str | None = None) -> str | None:
+        """The id of `unit`'s newest invocation read (on `host`), ended or not."""
+        return self.tracker.newest_invocation_id(unit, host)
+
     def take_notices(self) -> list[SuppressionNotice]:
         """journald's late word that it dropped lines of invocations already decided."""
         return self.tracker.take_notices()

@@ -219,6 +219,14 @@ class UnitRuns:
     def newest_running(self) -> Run | None:
         return next(reversed(self.running.values()), None)
 
+    def newest_id(self) -> str | None:
+        """The id of its newest invocation read: running, else ending, else returned last."""
+        for runs in (self.running, self.settling):
+            for run in reversed(runs.values()):
+                if run.invocation_id is not None:
+                    return run.invocation_id
+        return next(reversed(self.closed), None)
+
     # -- service lines --------------------------------------------------------------------------
 
     def line(self, entry: JournalEntry) -> list[Invocation]:

@@ -171,6 +171,15 @@ class InvocationTracker:
                     return run.build(Ending.OPEN)
         return None
 
+    def newest_invocation_id(self, unit: str | None, host: str | None = None) -> str | None:
+        """The id of a unit's newest invocation read (on `host`), ended or not."""
+        for (on, name), runs in self._units.items():
+            if name == unit and (host is None or on == (host or "")):
+                found = runs.newest_id()
+                if found is not None:
+                    return found
+        return None
+
     def running_starts(self, host: str = "") -> dict[str, tuple[int | None, int | None]]:
         """(started, served) of each unit's running invocation on `host` (a machine id; "":
         any), realtime microseconds; a unit with none running is absent. `started` is None
