@@ -37,6 +37,8 @@ _QUOTED = re.compile(r"(?<!\w)'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`")
 JSON_KEYS = (
     "fatal",
     "fatal_first_crash",
+    "fatal_with_cause",
+    "fatal_with_cause_first_crash",
     "restarts_wasted",
     "transient",
     "transient_halted",
@@ -173,6 +175,9 @@ def figures(tallies: Mapping[str, Tally]) -> dict[str, dict[str, int]]:
         ("all" if row == "overall" else row): {
             "fatal": t.fatal,
             "fatal_first_crash": t.fatal_halted_first,
+            # The fatal logs whose label names a cause line in the excerpt: what can be known.
+            "fatal_with_cause": t.fatal_keyed,
+            "fatal_with_cause_first_crash": t.fatal_keyed_halted_first,
             "restarts_wasted": t.restarts_wasted,
             "transient": t.transient,
             "transient_halted": t.transient_halted,

@@ -665,6 +665,8 @@ class TestBlind:
         assert counts["all"] == {
             "fatal": overall.fatal,
             "fatal_first_crash": overall.fatal_halted_first,
+            "fatal_with_cause": overall.fatal_keyed,
+            "fatal_with_cause_first_crash": overall.fatal_keyed_halted_first,
             "restarts_wasted": overall.restarts_wasted,
             "transient": overall.transient,
             "transient_halted": overall.transient_halted,

@@ -25,7 +25,7 @@ from faults.harness import Supervisor, classified, crash, write_config
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_supervisor import cli
+from vllm_supervisor import __version__, cli
 from vllm_supervisor.commands.status import (
     EXIT_DAEMON_DOWN,
     EXIT_HALTED,
@@ -95,7 +95,7 @@ def test_a_halted_unit_and_a_healthy_daemon(supervised: Supervisor) -> None:
     code, text = status(supervised.config)
     assert code == EXIT_HALTED
     assert f"release:   vllm-supervisor release {UNIT}" in text
-    assert "HALTED" in text and f"running (pid {supervised.pid}), healthy" in text
+    assert "HALTED" in text and f"running (pid {supervised.pid}, version {__version__}), healthy" in text
 
 
 def test_released_is_healthy_and_stopped_is_down(supervised: Supervisor) -> None:
