@@ -95,6 +95,9 @@ class TestLoading:
                 "site 's': examples[0]: not a frame this site reads",
             ),
             ('[[site]]\nid = "s"\nreads = "deterministic"\nwhy = "w"\n', "a site needs paths"),
+            ('[[request]]\nid = "r"\nnames = []\nwhy = "w"\n', "request 'r': names: must name"),
+            ('[[request]]\nid = "r"\nnames = ["x y"]\nwhy = "w"\n', "names[0]: must be a class"),
+            ('[[request]]\nid = "r"\nnames = ["ValueError"]\n', "why: missing"),
             ("[[signature]]\n", "unknown top-level key(s) ['signature']"),
             ("wording = 3\n", "'wording' must be an array of tables"),
             ("[[wording\n", "invalid TOML"),
@@ -244,6 +247,14 @@ class TestNumbersClassesSites:
             assert clue is not None and clue.reads is Reads.INDETERMINATE
         else:
             assert clue is None
+
+    def test_a_requests_own_error_classes(self, lexicon: Lexicon) -> None:
+        """[[request]]: the classes a request's input raises, whatever their module."""
+        assert lexicon.request_error("ValueError")
+        assert lexicon.request_error("jinja2.exceptions.TemplateError")
+        assert not lexicon.request_error("ModuleNotFoundError")
+        assert not lexicon.request_error("RuntimeError")
+        assert not lexicon.request_error(None)
 
     @pytest.mark.parametrize(
         ("name", "reads"),

@@ -238,6 +238,7 @@ KEYS = [
     "model_paths",
     "startup_frames",
     "serving_frames",
+    "request_frames",
     "request_lines",
     "port_lines",
     "serving",

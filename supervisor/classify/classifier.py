@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -123,6 +123,35 @@ class _Candidate:
         return (-self.tier, -self.priority, self.index)
 
 
+@dataclass(frozen=True, slots=True)
+class _RequestErrors:
+    """Requests' own errors in an invocation's lines: never a cause, a guess or a crash."""
+
+    blocks: frozenset[int] = frozenset()  # traceback block ids
+    lines: frozenset[int] = frozenset()  # their lines, and what introduced them
+    first: str | None = None  # the first one's exception line, for the note
+
+
+_NO_REQUEST_ERRORS = _RequestErrors()
+REQUESTS_NOTE = "requests do not end the server"
+
+
+def _chained_into(ann: Annotated, index: int, blocks: set[int]) -> bool:
+    """Some block of `blocks` was raised while handling block `index`."""
+    return any(ann.blocks[b].chained_from == index for b in blocks)
+
+
+def _told_requests(verdict: Verdict, requests: _RequestErrors) -> Verdict:
+    """With no cause of its own, say that a request's error was logged and is none."""
+    if requests.first is None:
+        return verdict
+    note = (
+        f"a request's error was logged ({requests.first[:200]}): it ended that request; "
+        f"{REQUESTS_NOTE}, so it is not this crash's cause"
+    )
+    return dataclasses.replace(verdict, notes=(*verdict.notes, note))
+
+
 class Classifier:
     """Turns an invocation's lines into a Verdict using one signature table."""
 
@@ -150,19 +179,57 @@ class Classifier:
 
     def _classify(
         self, lines: Sequence[LogLine], context_before_us: int | None
-    ) -> tuple[Verdict, CauseFacts]:
+    ) -> tuple[Verdict, CauseFacts, _RequestErrors]:
         ann = annotate(lines)
         opened = clients_from(ann.lines)
-        candidates = [c for i in range(len(ann.lines)) if (c := self._candidate(ann, i, opened))]
-        candidates += self._raise_statements(ann)
-        crashed_blocks = [b for b in ann.blocks if not b.ignored]
+        requests = self._requests_own(ann)
+        candidates = [
+            c
+            for i in range(len(ann.lines))
+            if i not in requests.lines and (c := self._candidate(ann, i, opened))
+        ]
+        candidates += [c for c in self._raise_statements(ann) if c.index not in requests.lines]
+        crashed_blocks = [
+            b for i, b in enumerate(ann.blocks) if not b.ignored and i not in requests.blocks
+        ]
         if not candidates:
-            return _no_cause(ann, crashed_blocks), _site_only(ann, crashed_blocks)
+            verdict = _no_cause(ann, crashed_blocks)
+            return _told_requests(verdict, requests), _site_only(ann, crashed_blocks), requests
         if context_before_us is not None:
             candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
         best = _raised_instead(ann, best, candidates)
-        return self._verdict(ann, best, crashed_blocks), self._facts(ann, best)
+        return self._verdict(ann, best, crashed_blocks), self._facts(ann, best), requests
+
+    def _requests_own(self, ann: Annotated) -> _RequestErrors:
+        """The tracebacks of requests' own errors (a class the lexicon's [[request]] names,
+        raised through a request's handling) with the lines that introduced them."""
+        blocks: set[int] = set()
+        for index, block in enumerate(ann.blocks):
+            if block.exception is None or not _handles_a_request(ann, block):
+                continue
+            if self.lexicon.request_error(exception_name(ann.lines[block.exception].text)):
+                blocks.add(index)
+        # A traceback raised while handling one of them is the same request's.
+        grew = True
+        while grew:
+            grew = False
+            for index, block in enumerate(ann.blocks):
+                if index in blocks:
+                    continue
+                if block.chained_from in blocks or _chained_into(ann, index, blocks):
+                    blocks.add(index)
+                    grew = True
+        lines: set[int] = set()
+        first: str | None = None
+        for index in sorted(blocks):
+            block = ann.blocks[index]
+            parts = [block.header, block.intro, block.exception, *block.frames, *block.details]
+            lines.update(i for i in parts if i is not None)
+            lines.update(block.code.values())
+            if first is None and block.exception is not None:
+                first = ann.lines[block.exception].text.strip()
+        return _RequestErrors(frozenset(blocks), frozenset(lines), first)
 
     def classify_invocation(self, invocation: Invocation) -> Verdict:
         """The verdict for one ended invocation, with what the journal says of how it ended."""
@@ -177,7 +244,7 @@ class Classifier:
         context_before = None
         if invocation.served_us is not None and invocation.ended_us is not None:
             context_before = invocation.ended_us - self.cause_window_us
-        verdict, facts = self._classify(invocation.lines, context_before)
+        verdict, facts, requests = self._classify(invocation.lines, context_before)
         if verdict.from_context:
             verdict, facts = _prefer_the_end(verdict, invocation), NO_FACTS
             if not invocation.failed:
@@ -192,7 +259,9 @@ class Classifier:
             )
             return verdict, NO_FACTS
         if invocation.failed and verdict.root_cause is None:
-            verdict = _failed_without_cause(verdict, invocation, self._is_noise, self._reads)
+            verdict = _failed_without_cause(
+                verdict, invocation, self._is_noise, self._reads, skip=requests.lines
+            )
             facts = dataclasses.replace(facts, guessed=True)
         notes = (*verdict.notes, *_loss_notes(invocation, verdict))
         return dataclasses.replace(verdict, notes=notes), facts
@@ -410,8 +479,8 @@ def _caught(line: ParsedLine) -> bool:
 def _in_context(
     ann: Annotated, block: TracebackBlock | None, candidate: _Candidate | None
 ) -> _Candidate | None:
-    """One request's failure (its handler's traceback) is context only."""
-    if candidate is None or block is None or not _handles_a_request(ann, block):
+    """One request's failure the server caught (its handler's traceback) is context only."""
+    if candidate is None or block is None or not _caught_by_the_server(ann, block):
         return candidate
     return dataclasses.replace(candidate, tier=_TIER_CONTEXT)
 
@@ -541,6 +610,7 @@ def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
 # startup_frames and serving_frames). Startup wins over serving.
 _STARTUP_FRAMES: re.Pattern[str]
 _SERVING_FRAMES: re.Pattern[str]
+_REQUEST_HANDLERS: re.Pattern[str]  # the engine files' request_frames
 _NEVER = r"(?!)"
 
 
@@ -551,7 +621,9 @@ def _any_of(patterns: tuple[str, ...]) -> str:
 def _use_engines(engines: Engines) -> None:
     """What the engine files say of requests, paths and frames (profiles.follow)."""
     global _REQUEST_LOG, _SERVER_PATHS, _MODEL_PATHS, _STARTUP_FRAMES, _SERVING_FRAMES
+    global _REQUEST_HANDLERS
     _REQUEST_LOG = re.compile(_any_of(engines.request_lines))
+    _REQUEST_HANDLERS = re.compile(rf"\bin (?:{_any_of(engines.request_frames)})\b")
     _SERVER_PATHS = engines.server_paths
     _MODEL_PATHS = engines.model_paths
     _STARTUP_FRAMES = re.compile(rf"\bin (?:{_any_of(engines.startup_frames)})\b")
@@ -591,9 +663,18 @@ def _client_may_write(line: ParsedLine, index: int, opened: int) -> bool:
     return bool(_REQUEST_LOG.search(line.text)) or (index >= opened and line.level in INFO_LEVELS)
 
 
-def _handles_a_request(ann: Annotated, block: TracebackBlock) -> bool:
-    """True when the traceback went through the server's request handling."""
+def _caught_by_the_server(ann: Annotated, block: TracebackBlock) -> bool:
+    """True when the ASGI server or its web framework caught the traceback (their frames
+    are in it): it ended one request, and the server went on."""
     return any(m in ann.lines[f].text for f in block.frames for m in _REQUEST_FRAMES)
+
+
+def _handles_a_request(ann: Annotated, block: TracebackBlock) -> bool:
+    """True when the traceback went through a request's handling: caught by the server, or
+    through an engine file's request_frames (an error there may still end the server)."""
+    return _caught_by_the_server(ann, block) or any(
+        _REQUEST_HANDLERS.search(ann.lines[f].text) for f in block.frames
+    )
 
 
 def _deepest(ann: Annotated, frames: list[int], markers: tuple[str, ...]) -> int | None:
@@ -691,6 +772,8 @@ def _failed_without_cause(
     invocation: Invocation,
     is_noise: Callable[[str], bool],
     reads_as_cause: Callable[[str], bool],
+    *,
+    skip: Container[int] = (),
 ) -> Verdict:
     """A failed invocation always names its best candidate line, and how sure that is: never
     "No crash found". With no line at all, its lines were lost (or it printed none)."""
@@ -704,7 +787,7 @@ def _failed_without_cause(
         cause = invocation.end_message or _how_it_ended(invocation)
     else:
         title = "Failed without an error line"
-        guess, last = best_guess(invocation.lines, is_noise, reads_as_cause)
+        guess, last = best_guess(invocation.lines, is_noise, reads_as_cause, skip=skip)
         if invocation.oom_killed or invocation.exit_code in ("killed", "dumped"):
             # A signal or the OOM killer ended it: that is the cause the journal knows.
             guess, last = None, guess or last
@@ -753,6 +836,8 @@ def best_guess(
     lines: Sequence[LogLine],
     is_noise: Callable[[str], bool] = lambda _: False,
     reads_as_cause: Callable[[str], bool] = lambda _: False,
+    *,
+    skip: Container[int] = (),
 ) -> tuple[str | None, str | None]:
     """The last line that looks like trouble (error words, or, before the server took
     requests, words the lexicon reads as a cause), and the last line that says anything, both
@@ -770,8 +855,8 @@ def best_guess(
         text = texts[index]
         if not text or set(text) <= _MARKER_CHARS or text.startswith('File "'):
             continue
-        if _client_may_write(parsed[index], index, opened):
-            continue
+        if index in skip or _client_may_write(parsed[index], index, opened):
+            continue  # a request's own error (`skip`) or a client's words
         if after_frame[index] or text.startswith(_TRACEBACK_GLUE) or is_noise(text):
             continue
         if last is None:

@@ -93,6 +93,12 @@ class _Exception:
 
 
 @dataclass(frozen=True, slots=True)
+class _Request:
+    id: str
+    names: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class _Capacity:
     id: str
     pattern: Any  # compiled RE2, groups free, total, wanted, unit, wanted_unit
@@ -106,7 +112,7 @@ class _Site:
     functions: tuple[Any, ...]
 
 
-_TABLES = ("wording", "exception", "capacity", "site")
+_TABLES = ("wording", "exception", "capacity", "site", "request")
 _KEYS: dict[str, dict[str, type]] = {
     "wording": {
         "id": str,
@@ -119,6 +125,7 @@ _KEYS: dict[str, dict[str, type]] = {
     },
     "exception": {"id": str, "reads": str, "strength": str, "names": list, "why": str},
     "capacity": {"id": str, "pattern": str, "why": str, "examples": list},
+    "request": {"id": str, "names": list, "why": str},
     "site": {
         "id": str,
         "reads": str,
@@ -157,10 +164,12 @@ class Lexicon:
         exceptions: Sequence[_Exception],
         sites: Sequence[_Site],
         capacities: Sequence[_Capacity] = (),
+        requests: Sequence[_Request] = (),
         *,
         source: str = "",
     ) -> None:
         self.source = source
+        self._requests = frozenset(name for entry in requests for name in entry.names)
         self._wording = tuple(wording)
         self._exceptions = {name: entry for entry in exceptions for name in entry.names}
         self._sites = tuple(sites)
@@ -231,6 +240,11 @@ class Lexicon:
                 said = f"{wanted:g} of {total:g} {unit} wanted, {free:g} free"
                 return Clue(entry.id, Reads.INDETERMINATE, Strength.DECISIVE, said, "numbers")
         return None
+
+    def request_error(self, name: str | None) -> bool:
+        """An exception class a request's own input raises (its [[request]] entries): raised
+        while a request is handled, it ends that request, never the server."""
+        return name is not None and name.rsplit(".", 1)[-1] in self._requests
 
     def exception(self, name: str | None) -> Clue | None:
         """What an exception class says, by its unqualified name."""
@@ -334,7 +348,7 @@ def _check_keys(raw: dict[str, Any], table: str, where: _Where) -> None:
             raise where.error(key, f"unknown key (allowed: {', '.join(sorted(keys))})")
         if not isinstance(value, keys[key]):
             raise where.error(key, f"must be a {keys[key].__name__}, got {type(value).__name__}")
-    for key in ("id", "why") if table == "capacity" else ("id", "reads", "why"):
+    for key in ("id", "why") if table in ("capacity", "request") else ("id", "reads", "why"):
         if key not in raw:
             raise where.error(key, "missing (required)")
     if not _ID.match(raw["id"]):
@@ -401,6 +415,16 @@ def _exception(raw: dict[str, Any], where: _Where) -> _Exception:
     return _Exception(raw["id"], reads, _strength(raw, where), frozenset(names))
 
 
+def _request(raw: dict[str, Any], where: _Where) -> _Request:
+    names = _strings(raw, "names", where)
+    if not names:
+        raise where.error("names", "must name at least one exception class")
+    for index, name in enumerate(names):
+        if not _NAME.match(name):
+            raise where.error(f"names[{index}]", f"must be a class name, got {name!r}")
+    return _Request(raw["id"], frozenset(names))
+
+
 def _capacity(raw: dict[str, Any], where: _Where) -> _Capacity:
     if "pattern" not in raw:
         raise where.error("pattern", "missing (required)")
@@ -439,6 +463,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], _Where], Any]] = {
     "exception": _exception,
     "capacity": _capacity,
     "site": _site,
+    "request": _request,
 }
 
 
@@ -467,7 +492,12 @@ def parse_lexicon(text: str, path: Path) -> Lexicon:
             seen.add(raw["id"])
             built[table].append(_BUILDERS[table](raw, where))
     return Lexicon(
-        built["wording"], built["exception"], built["site"], built["capacity"], source=str(path)
+        built["wording"],
+        built["exception"],
+        built["site"],
+        built["capacity"],
+        built["request"],
+        source=str(path),
     )
 
 

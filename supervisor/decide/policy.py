@@ -204,9 +204,11 @@ class RestartPolicy:
                 rule=Rule.PORT_HELD,
             )
         fingerprint = verdict.fingerprint or _silent_fingerprint(invocation)
-        long_served = phase.served and (
-            phase.serving_s is None or phase.serving_s > rules.repeat_window_s
-        )
+        # With no serving line (`--uvicorn-log-level warning`), served is known from the
+        # crash's request frames or the run's length, and the run served at most as long as
+        # it ran: a start that crashed at its first request is a repeat right after serving.
+        served_s = phase.serving_s if phase.serving_s is not None else phase.ran_s
+        long_served = phase.served and (served_s is None or served_s > rules.repeat_window_s)
         inferred = verdict.basis is Basis.INFERRED
         if verdict.severity is Severity.FATAL and long_served:
             # A crash the table calls fatal, after the server served for long: the evidence

@@ -72,6 +72,10 @@ class Engines:
         return _unique(s for p in self.profiles for s in p.serving_frames)
 
     @property
+    def request_frames(self) -> tuple[str, ...]:
+        return _unique(s for p in self.profiles for s in p.request_frames)
+
+    @property
     def request_lines(self) -> tuple[str, ...]:
         return _unique(s for p in self.profiles for s in p.request_lines)
 

@@ -37,6 +37,7 @@ _KEYS: Mapping[str, type] = MappingProxyType(
         "model_paths": list,
         "startup_frames": list,
         "serving_frames": list,
+        "request_frames": list,
         "request_lines": list,
         "port_lines": list,
         "serving": list,
@@ -106,6 +107,8 @@ class EngineProfile:
     model_paths: tuple[str, ...] = ()  # ... in its model code
     startup_frames: tuple[str, ...] = ()  # function names (regexes) of starting up
     serving_frames: tuple[str, ...] = ()  # ... of serving requests
+    # ... of one request's handling (its API handlers): an error there is that request's
+    request_frames: tuple[str, ...] = ()
     request_lines: tuple[str, ...] = ()  # a request logged: it quotes what a client sent
     port_lines: tuple[str, ...] = ()  # a bind error's port, in the regex's one group
     serving: tuple[LineRule, ...] = ()
@@ -339,6 +342,7 @@ def parse_engine(raw: Mapping[str, Any], path: Path) -> EngineProfile:
         model_paths=_strings(raw, "model_paths", where),
         startup_frames=_frames(raw, "startup_frames", where),
         serving_frames=_frames(raw, "serving_frames", where),
+        request_frames=_frames(raw, "request_frames", where),
         request_lines=_regexes(raw, "request_lines", where),
         port_lines=_port_lines(raw, where),
         serving=_rules(raw, "serving", where),
