@@ -95,7 +95,10 @@ def test_a_halted_unit_and_a_healthy_daemon(supervised: Supervisor) -> None:
     code, text = status(supervised.config)
     assert code == EXIT_HALTED
     assert f"release:   vllm-supervisor release {UNIT}" in text
-    assert "HALTED" in text and f"running (pid {supervised.pid}, version {__version__}), healthy" in text
+    assert (
+        "HALTED" in text
+        and f"running (pid {supervised.pid}, version {__version__}), healthy" in text
+    )
 
 
 def test_released_is_healthy_and_stopped_is_down(supervised: Supervisor) -> None:
