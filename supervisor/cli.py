@@ -146,6 +146,23 @@ def build_parser() -> argparse.ArgumentParser:
     test = sig_sub.add_parser("test", help="which signature matches which line of FILE, and why")
     test.add_argument("file", help="a log file, or - for standard input")
     test.set_defaults(handler="signatures")
+    propose = sig_sub.add_parser(
+        "propose", help="a signature written from a recorded crash no signature knows"
+    )
+    propose.add_argument("unit", help="the unit whose crash it is")
+    propose.add_argument(
+        "invocation", nargs="?", help="its invocation id (default: the unit's last unknown crash)"
+    )
+    propose.add_argument(
+        "--write",
+        nargs="?",
+        const="",
+        metavar="FILE",
+        help="add it to FILE (default: signatures.d/proposed.toml beside the config) once the "
+        "table loads with it; reload the daemon to apply it",
+    )
+    propose.add_argument("--state-dir", type=Path, metavar="DIR", help=STATE_DIR_HELP)
+    propose.set_defaults(handler="propose")
 
     history = sub.add_parser("history", help="every invocation the daemon classified")
     history.add_argument("--unit", metavar="UNIT", help="only this unit's invocations")

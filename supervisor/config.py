@@ -237,11 +237,17 @@ class DriftConfig:
     good_start_s: float = 600.0  # an invocation that ran this long counts as a good start
 
 
+LOCAL_SIGNATURES = "signatures.d"  # beside the config file: this host's own signatures
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SignaturesConfig:
     """The signature table."""
 
     paths: tuple[Path, ...] = ()  # TOML files or directories; empty = the shipped table
+    # Added to that table when they exist (`signatures propose --write` puts its proposals
+    # there); None: the config file's own signatures.d directory (none without a file).
+    local: tuple[Path, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -305,10 +311,15 @@ def load_config(path: Path | None) -> Config:
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     base = path.parent
+    local = config.signatures.local
     config = dataclasses.replace(
         config,
         signatures=SignaturesConfig(
-            paths=tuple(p if p.is_absolute() else base / p for p in config.signatures.paths)
+            paths=tuple(p if p.is_absolute() else base / p for p in config.signatures.paths),
+            local=tuple(
+                p if p.is_absolute() else base / p
+                for p in (local if local is not None else (Path(LOCAL_SIGNATURES),))
+            ),
         ),
     )
     try:

@@ -289,6 +289,7 @@ class Verdict:
             "basis": None if self.basis is None else self.basis.value,
             "confidence": None if self.confidence is None else self.confidence.value,
             "severity_reason": self.severity_reason,
+            "leaning": None if self.leaning is None else self.leaning.value,
         }
 
 

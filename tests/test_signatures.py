@@ -273,8 +273,23 @@ BAD_TABLES = [
         id="written-from-item-not-a-table",
     ),
     pytest.param(
+        GOOD + 'written_from = [{ invocation = "vllm.service 12ab" }]\n',
+        "written_from[0].invocation: must be 'UNIT INVOCATION_ID' (32 hex digits)",
+        id="written-from-bad-invocation",
+    ),
+    pytest.param(
+        GOOD + 'written_from = [{ invocation = "vllm.service ' + "a" * 32 + '", log = "1.log" }]\n',
+        "written_from[0]: an invocation source names nothing else",
+        id="written-from-invocation-and-log",
+    ),
+    pytest.param(
+        GOOD + "examples = [3]\n",
+        "signature 'good_one': examples[0]: must be a str, got int",
+        id="examples-not-text",
+    ),
+    pytest.param(
         GOOD + 'written_from = [{ log = "01-a.log" }, { file = "x" }]\n',
-        "signature 'good_one': written_from[1]: unknown key 'file' (allowed: log, upstream, url)",
+        "signature 'good_one': written_from[1]: unknown key 'file' (allowed: log, upstream, url, invocation)",
         id="written-from-unknown-key",
     ),
     pytest.param(

@@ -37,13 +37,16 @@ _KEYS = {
     "serving_severity": str,
     "written_from": list,
     "packages": list,
+    "examples": list,
 }
 _REQUIRED = ("id", "patterns", "title")
 _KINDS = ("cause", "noise")
 _SEVERITIES = {"fatal": Severity.FATAL, "transient": Severity.TRANSIENT}
 # A phase may also say "unknown": the line names the crash, not whether it repeats then.
 _PHASE_SEVERITIES = {**_SEVERITIES, "unknown": Severity.UNKNOWN}
-_SOURCE_KEYS = ("log", "upstream", "url")
+_SOURCE_KEYS = ("log", "upstream", "url", "invocation")
+# `vllm-supervisor signatures propose`'s source: the unit and the invocation it was written from.
+_INVOCATION = re.compile(r"[\w@:.\\-]{1,256} [0-9a-f]{32}\Z")
 _DISTRIBUTION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?\Z")
 _LOG_NAME = re.compile(r"[\w.+-]+\.log\Z")
 _URL = re.compile(r"https?://[^\s/]+/?\S*\Z")
@@ -58,6 +61,7 @@ class WrittenFrom:
     log: str | None = None
     url: str | None = None
     upstream: str | None = None
+    invocation: str | None = None  # "UNIT INVOCATION_ID": proposed from a recorded crash
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,19 @@ class SignatureSpec:
     # The distributions whose versions the crash is about (flashinfer-python, -cubin): a halt
     # lifts when one of these changes, not when any package does (supervisor.actions.evidence).
     packages: tuple[str, ...] = ()
+    examples: tuple[str, ...] = ()  # lines its patterns must match (checked at load)
+
+    def unmatched_example(self, compile_: Callable[[str], Any]) -> str | None:
+        """The first example none of its patterns (compiled by `compile_`) matches, as an
+        error naming the field; None when all match."""
+        if not self.examples:
+            return None
+        compiled = [compile_(pattern) for pattern in self.patterns]
+        for index, example in enumerate(self.examples):
+            if not any(pattern.search(example) for pattern in compiled):
+                shown = example if len(example) <= 120 else example[:117] + "..."
+                return f"examples[{index}]: not matched by its patterns: {shown!r}"
+        return None
 
 
 class _Where:
@@ -125,6 +142,17 @@ def _regex_list(
         except ValueError as exc:
             raise where.error(f"{key}[{index}]", str(exc)) from exc
     return tuple(values)
+
+
+def _examples(raw: dict[str, Any], where: _Where) -> tuple[str, ...]:
+    """The optional `examples`: lines (as the classifier sees them) one of the patterns must
+    match, checked at every load (supervisor.classify.signatures): a signature's own vectors."""
+    examples = raw.get("examples", [])
+    for index, example in enumerate(examples):
+        if not isinstance(example, str):
+            kind = type(example).__name__
+            raise where.error(f"examples[{index}]", f"must be a str, got {kind}")
+    return tuple(examples)
 
 
 def _kind(raw: dict[str, Any], where: _Where) -> str:
@@ -222,6 +250,7 @@ def _spec(raw: Any, path: Path, compile_: Callable[[str], Any]) -> SignatureSpec
         serving_severity=_phase_severity(raw, "serving_severity", kind, where),
         written_from=_written_from(raw, where),
         packages=_packages(raw, where),
+        examples=_examples(raw, where),
     )
 
 
@@ -265,6 +294,15 @@ def _source_entry(item: dict[str, Any], field_name: str, where: _Where) -> Writt
     for key, value in item.items():
         if not isinstance(value, str):
             raise where.error(f"{field_name}.{key}", f"must be a str, got {type(value).__name__}")
+    if "invocation" in item:
+        if len(item) > 1:
+            raise where.error(field_name, "an invocation source names nothing else")
+        if not _INVOCATION.match(item["invocation"]):
+            raise where.error(
+                f"{field_name}.invocation",
+                f"must be 'UNIT INVOCATION_ID' (32 hex digits), got {item['invocation']!r}",
+            )
+        return WrittenFrom(invocation=item["invocation"])
     if "log" in item and "upstream" in item:
         raise where.error(field_name, "names log or upstream, not both")
     if "log" not in item and "upstream" not in item:

@@ -542,6 +542,8 @@ def _parse(files: Sequence[tuple[Path, bytes]]) -> list[SignatureSpec]:
     seen: dict[str, Path] = {}
     for path, content in files:
         for spec in parse_table_bytes(path, content, check_pattern):
+            if (unmatched := spec.unmatched_example(compile_pattern)) is not None:
+                raise SignatureTableError(f"{path}: signature '{spec.id}': {unmatched}")
             if spec.id in seen:
                 raise SignatureTableError(
                     f"{path}: signature '{spec.id}': id: duplicate, already defined in "
