@@ -289,7 +289,8 @@ BAD_TABLES = [
     ),
     pytest.param(
         GOOD + 'written_from = [{ log = "01-a.log" }, { file = "x" }]\n',
-        "signature 'good_one': written_from[1]: unknown key 'file' (allowed: log, upstream, url, invocation)",
+        "signature 'good_one': written_from[1]: unknown key 'file' "
+        "(allowed: log, upstream, url, invocation)",
         id="written-from-unknown-key",
     ),
     pytest.param(

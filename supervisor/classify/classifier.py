@@ -56,7 +56,7 @@ from ..model import (
     Verdict,
 )
 from .fingerprint import fingerprint
-from .lexicon import CAUSE_READINGS, Lexicon, Reads, default_lexicon
+from .lexicon import CAUSE_READINGS, Lexicon, Reads, Strength, default_lexicon
 from .logline import (
     INFO_LEVELS,
     Annotated,
@@ -365,11 +365,18 @@ class Classifier:
         error = message and line.level in _ERROR_LEVELS and not caught
         header = role is Role.HEADER and carried is not None  # `... method M: <cause>`
         loud = role is Role.EXCEPTION or special or error or header
-        if not loud and not (message and line.level not in INFO_LEVELS):
+        # Information is no cause, unless its words name one outright before the server
+        # took requests (`_names_a_shortfall`).
+        decisive = not loud and message and index < opened and self._names_a_shortfall(text)
+        if not loud and not (message and (line.level not in INFO_LEVELS or decisive)):
             return None
         kind = self.lexicon.line_kind(carried.cause if carried else text)
         if kind is Reads.POINTER:
             return _Candidate(_TIER_WRAPPER, 0, index, text, None)
+        if decisive:
+            # Its words name the cause outright: a "handled" reading beside them (`Use the
+            # profiled value instead`, of a value below zero) copes with nothing.
+            return _Candidate(_TIER_WARNING, 0, index, text, None)
         if not loud:
             return self._quiet(index, text, line, carried is not None, kind, opened)
         if error and kind is None and not special and _introduces(ann, index):
@@ -380,6 +387,15 @@ class Classifier:
         # An error the program says it coped with (a retry) ranks below the errors.
         tier = _TIER_WARNING if kind is Reads.HANDLED else _TIER_ERROR
         return _Candidate(tier, 0, index, text, None)
+
+    def _names_a_shortfall(self, text: str) -> bool:
+        """Words that name a deterministic cause outright (decisive: an allocator's budget
+        below zero), whatever the level of the line that prints them: an engineer reads
+        `Available KV cache memory: -2.77 GiB` before a bare exit as the cause."""
+        return any(
+            c.reads is Reads.DETERMINISTIC and c.strength is Strength.DECISIVE
+            for c in self.lexicon.words(text)
+        )
 
     @staticmethod
     def _quiet(
