@@ -263,7 +263,12 @@ async def _follow(root: Path) -> dict[str, Any]:
 
     config = Config(
         units=(UnitConfig(name=UNIT),),
-        journal=JournalConfig(directory=root / "journal", start_at="head"),
+        # BENCH_LIVE_KERNEL=0: without the kernel's Xid child (bench.kernel_cost's baseline).
+        journal=JournalConfig(
+            directory=root / "journal",
+            start_at="head",
+            kernel=os.environ.get("BENCH_LIVE_KERNEL", "1") != "0",
+        ),
         state=StateConfig(state_dir=root / "state", runtime_dir=root / "run"),
         metrics=MetricsConfig(enabled=False),
         systemd=SystemdConfig(enabled=False),

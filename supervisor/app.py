@@ -36,15 +36,18 @@ from .actions.unitnames import RealNames
 from .actions.unitwatch import UnitWatch
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
+from .classify.xid import load_xid_catalog
 from .config import DEFAULT_RUNTIME_DIR, Config, parse_listen
 from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
 from .decide.address_evidence import AddressEvidence
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
+from .decide.xid_evidence import XidEvidence
 from .engines.profiles import install as install_engines
 from .engines.profiles import load_engines
 from .environment.drift import DriftRecorder
 from .environment.log import EnvironmentLog
+from .journal.kernel import KernelSource, read_driver_lines
 from .journal.reader import JournalctlReader, ReaderSettings
 from .loop.acting import Job
 from .loop.checkpoint import Checkpointer, Position
@@ -120,6 +123,7 @@ async def _run(
     config: Config, stop: asyncio.Event, reload: asyncio.Event, reload_config: Callable[[], Config]
 ) -> None:
     table = load_table(config, cached=True)
+    xid_catalog = load_xid_catalog()  # read again at each reload (XidEvidence.reload)
     install_engines(load_engines())  # at each reload too, with the table (loop/reload.py)
     # Opening may upgrade the schema: in a thread, as every write.
     store, corrupt = await asyncio.to_thread(Store.recover_in_directory, config.state.state_dir)
@@ -192,6 +196,17 @@ async def _run(
         machine_id=machine_id,
         unit_uid=control.unit_uid if control is not None else None,
     )
+    journal = config.journal
+    xids = XidEvidence(
+        xid_catalog,
+        counted=metrics.gpu_xid,
+        lookup=None
+        if not journal.kernel
+        else lambda since, until: read_driver_lines(
+            journal.journalctl, directory=journal.directory, since_s=since, until_s=until
+        ),
+    )
+    kernel = KernelSource(xids.note, journalctl=journal.journalctl, directory=journal.directory)
     reader = journal_reader(config, store.load_checkpoint(), metrics)
     daemon = compose_daemon(
         config,
@@ -203,9 +218,10 @@ async def _run(
         notifier=notify,
         reporter=notifier,
         load_config=reload_config,
-        hooks=[hangs, recorder, ports, AddressEvidence(config, machine_id=machine_id)],
+        hooks=[hangs, recorder, ports, AddressEvidence(config, machine_id=machine_id), xids],
         tasks=[
             recorder.run,
+            *([kernel.run] if journal.kernel else []),
             _watchdog(notifier),
             *(w.run for w in watches),
             installed.run,
@@ -213,7 +229,7 @@ async def _run(
         wakers=[notify.wake],
         sources=[hangs],
         names=names,
-        reloaders=[slack.reload] if slack is not None else [],
+        reloaders=[xids.reload, *([slack.reload] if slack is not None else [])],
     )
     gates = GateServer(
         socket_path(config.state.runtime_dir),

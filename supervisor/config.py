@@ -108,6 +108,9 @@ class JournalConfig:
     start_at: str = "auto"  # with no saved cursor: "head", "tail" or "auto" (tail; head for -D)
     restart_backoff_s: float = 1.0  # first wait before restarting a dead reader (doubles)
     restart_backoff_max_s: float = 30.0  # the longest wait between reader restarts
+    # Follow the kernel's NVIDIA driver lines (its Xid faults) beside the units' (a small
+    # `journalctl _TRANSPORT=kernel` child): a GPU fault becomes the cause of the crash it caused.
+    kernel: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

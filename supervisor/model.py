@@ -309,6 +309,9 @@ class Rule(StrEnum):
     FATAL_SIGNATURE = "fatal_signature"
     INFERRED_FATAL = "inferred_fatal"
     PORT_HELD = "port_held"
+    # The kernel's Xid for the crash's GPU (supervisor.decide.xid_evidence): halted when a
+    # restart cannot help (a reset, a reboot), restarted when NVIDIA says restart the app.
+    GPU_XID = "gpu_xid"
     FATAL_AFTER_SERVING = "fatal_after_serving"
     TRANSIENT = "transient"
     UNKNOWN_FIRST = "unknown_first"
@@ -330,6 +333,7 @@ HALT_RULES = (
     Rule.UNKNOWN_REPEAT,
     Rule.INFERRED_FATAL,
     Rule.PORT_HELD,
+    Rule.GPU_XID,
     Rule.OTHER,
 )
 
@@ -492,6 +496,22 @@ class PortHeld:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GpuXid:
+    """The kernel's Xid joined to a crash (supervisor.decide.xid_evidence): same host and boot,
+    logged shortly before the engine's first error."""
+
+    code: int
+    pci: str  # the GPU's PCI address, as the driver printed it
+    line: str  # the driver's line, from `NVRM:`
+    realtime_us: int
+    boot_id: str | None
+    meaning: str | None  # the catalog's (config/xid.toml); None: an Xid it does not list
+    action: str | None  # the catalog's action key (supervisor.classify.xid.ACTIONS)
+    what_to_do: str | None
+    restart_helps: bool  # a restart of the engine alone can get past it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Evidence:
     """What is known of an ended invocation beside its lines, gathered before it is decided
     (the hooks fill it: supervisor.seams.BatchHook.evidence); `decide` reads nothing else."""
@@ -504,6 +524,7 @@ class Evidence:
     # The listen address a start-up crash could not bind, not on this host now
     # (supervisor.decide.address_evidence).
     address: str | None = None
+    xid: GpuXid | None = None  # the GPU's fault the kernel logged before the crash
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,11 +19,14 @@ import structlog
 from .classify.classifier import Classifier
 from .classify.determinism import verdict_of
 from .classify.signatures import SignatureTable
+from .classify.xid import load_xid_catalog
 from .config import Config
 from .decide.address_evidence import address_verdict
 from .decide.pacing import Schedule
 from .decide.policy import RestartPolicy
 from .decide.port_evidence import port_verdict
+from .decide.xid_evidence import XidEvidence, xid_verdict
+from .journal.kernel import KernelLine as KernelLine  # what gpu_faults takes
 from .model import (
     NO_FACTS,
     Ended,
@@ -244,6 +247,7 @@ class Pipeline:
             verdict, evidence.port, invocation.unit or "", halt_inferred=halt_inferred
         )
         verdict = address_verdict(verdict, evidence.address, halt_inferred=halt_inferred)
+        verdict = xid_verdict(verdict, evidence.xid)
         decision = self.policy.decide(
             invocation,
             verdict,
@@ -263,6 +267,13 @@ class Pipeline:
         )
         self._observer(outcome, ended.examined_s + self._clock() - started)
         return outcome
+
+    def gpu_faults(self, lines: Iterable[KernelLine]) -> Provider:
+        """For `triage`: the kernel's driver lines of a saved journal, joined to its crashes as
+        the daemon joins them (supervisor.decide.xid_evidence)."""
+        xids = XidEvidence(load_xid_catalog())
+        xids.note_all(lines)
+        return xids.joined
 
     def decide_all(
         self, ended: Iterable[Ended], providers: Sequence[Provider] = ()

@@ -442,6 +442,9 @@ NAMED = [
     if source.log
 ]
 ENGINE_ROWS = {"all", "vllm", "sglang", "tgi", "other"}
+# A log halted at its 1st crash seen and not blind (its warning is the cause only to its
+# signature): the command-line tests' example.
+BLIND_MISS = "134-*"
 DAY_KEYS = ("restarts_per_day", "unbounded_loops")
 
 
@@ -681,8 +684,8 @@ class TestBlind:
         """`--blind --format json` prints only the counts, with the exact keys, for "all" and
         every engine; the seen run of the same log halts where the blind one does not."""
         blind, seen = (
-            _bench("--blind", "--only", "10-*", "--format", "json"),
-            _bench("--only", "10-*", "--format", "json"),
+            _bench("--blind", "--only", BLIND_MISS, "--format", "json"),
+            _bench("--only", BLIND_MISS, "--format", "json"),
         )
         assert blind.returncode == 0, blind.stderr
         assert seen.returncode == 0, seen.stderr
@@ -693,28 +696,27 @@ class TestBlind:
             for row in data.values():
                 assert tuple(row) == JSON_KEYS
                 assert all(type(v) is int for v in row.values())
-        assert counts["all"]["logs"] == counts["vllm"]["logs"] == 1
+        assert counts["all"]["logs"] == counts["tgi"]["logs"] == 1
         assert (seen_counts["all"]["fatal_first_crash"], counts["all"]["fatal_first_crash"]) == (
             1,
             0,
         )
         # Seen, halted on its 1st crash: no restart all day. Blind, held from its 2nd crash:
-        # the shipped schedule's starts less the first; neither is unbounded.
-        held = round(Schedule().starts_per_day(600.0, 10.0) - 1)
-        assert (seen_counts["all"]["restarts_per_day"], counts["all"]["restarts_per_day"]) == (
-            0,
-            held,
-        )
+        # the shipped schedule's starts (for this log's own load time) less the first.
+        assert seen_counts["all"]["restarts_per_day"] == 0
+        assert 0 < counts["all"]["restarts_per_day"] <= round(Schedule().starts_per_day(60.0, 10.0))
         assert seen_counts["all"]["unbounded_loops"] == counts["all"]["unbounded_loops"] == 0
 
     def test_command_line_day_model(self) -> None:
         """`--load-s` and `--restart-s` set the day's model: a held loop of starts that load
         for a minute makes more restarts a day than one of 10-minute loads."""
-        fast = _bench("--blind", "--only", "10-*", "--format", "json", "--load-s", "60")
+        fast = _bench("--blind", "--only", BLIND_MISS, "--format", "json", "--load-s", "60")
+        slow = _bench("--blind", "--only", BLIND_MISS, "--format", "json", "--load-s", "600")
         assert fast.returncode == 0, fast.stderr
         held = Schedule().starts_per_day(60.0, 10.0) - 1
         assert json.loads(fast.stdout)["all"]["restarts_per_day"] == round(held)
-        bad = _bench("--only", "10-*", "--load-s", "0", "--restart-s", "0")
+        assert json.loads(slow.stdout)["all"]["restarts_per_day"] < round(held)
+        bad = _bench("--only", BLIND_MISS, "--load-s", "0", "--restart-s", "0")
         assert bad.returncode == 2
         assert "take some time" in bad.stderr
 
@@ -722,17 +724,17 @@ class TestBlind:
 @needs_journal
 def test_command_line_blind_text() -> None:
     """`--blind` says it is blind and ends with blind and seen side by side."""
-    result = _bench("--blind", "--only", "10-*", "--jobs", "1")
+    result = _bench("--blind", "--only", BLIND_MISS, "--jobs", "1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("BLIND:")
     side_by_side = result.stdout.split("Blind / seen")[1]
-    # Blind, only the wrapper `EngineCore failed to start.` of a cut traceback is left (the
-    # INFO line with the negative KV cache is no cause): no line names the cause, so never
-    # halted by repetition (4 restarts wasted); seen, its signature halts the first.
+    # Blind, TGI's warning `Could not import Flash Attention enabled models: CUDA is not
+    # available` is only a guess: never halted by repetition (4 restarts wasted); seen, its
+    # signature halts the first.
     assert "| **all** | 1 | 0 / 1 of 1 | 4 / 0 |" in side_by_side
-    # Its label names the cause line (the negative KV cache), so it counts among the fatal
-    # logs whose cause is in the log.
-    assert side_by_side.rstrip().endswith("| 0 / 1 | 0 / 1 of 1 |")
+    # Its label names the cause line (that warning), so it counts among the fatal logs whose
+    # cause is in the log.
+    assert side_by_side.rstrip().endswith("| 1 / 1 | 0 / 1 of 1 |")
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,11 @@ _MISSING_PATH = (
 def evidence_of(outcome: Outcome) -> dict[str, Any] | None:
     """What the outcome's halt rests on that can change without anyone releasing it."""
     verdict = outcome.verdict
+    if outcome.decision.rule is Rule.GPU_XID and (xid := verdict.captures.get("xid")):
+        # The GPU needs a reset or a reboot: the halt lasts this boot (supervisor.decide.
+        # xid_evidence); a record kept across a reboot (persistent_quarantine) lifts then.
+        boot = outcome.invocation.boot_id
+        return {"kind": "gpu_xid", "xid": xid, "pci": verdict.captures.get("pci"), "boot_id": boot}
     if outcome.decision.rule is Rule.PORT_HELD:
         port = port_of(dict(verdict.captures), verdict.root_cause, None)
         return None if port is None else {"kind": "port_held", "port": port}
@@ -183,8 +188,13 @@ def cause_gone(
 
 
 def _cause_gone(evidence: dict[str, Any]) -> str | None:
-    """A port's or an address's halt: what says its cause is gone, or None."""
+    """A port's, an address's or a GPU fault's halt: what says its cause is gone, or None."""
     kind = evidence.get("kind")
+    if kind == "gpu_xid":
+        boot = evidence.get("boot_id")
+        now = current_boot_id()
+        if isinstance(boot, str) and now is not None and boot != now:
+            return f"the host rebooted since GPU {evidence.get('pci')}'s Xid {evidence.get('xid')}"
     if kind == "port_held":
         port = evidence.get("port")
         if isinstance(port, int) and 0 < port < 65536 and not listeners(port):
@@ -194,6 +204,14 @@ def _cause_gone(evidence: dict[str, Any]) -> str | None:
         if isinstance(address, str) and is_local(address):
             return f"{address} is an address of this host now"
     return None
+
+
+def current_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """This boot's id as the journal writes it (32 hex digits), or None when unreadable."""
+    try:
+        return path.read_text(encoding="ascii").strip().replace("-", "") or None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def still_holds(record: dict[str, Any]) -> str | None:

@@ -12,22 +12,35 @@ from ..util.lazy import exports
 if TYPE_CHECKING:
     from .classifier import Classifier
     from .logline import parse_line
-    from .signatures import SignatureTable
-    from .table import load_table
+    from .proposal import Proposal, Refused, propose
+    from .signatures import DEFAULT_SIGNATURE_DIR, SignatureTable, load_signature_table
+    from .table import load_table, table_paths
 
 __all__ = [
+    "DEFAULT_SIGNATURE_DIR",
     "Classifier",
+    "Proposal",
+    "Refused",
     "SignatureTable",
+    "load_signature_table",
     "load_table",
     "parse_line",
+    "propose",
+    "table_paths",
 ]
 
 __getattr__ = exports(
     __name__,
     {
         "Classifier": "classifier",
+        "DEFAULT_SIGNATURE_DIR": "signatures",
+        "Proposal": "proposal",
+        "Refused": "proposal",
         "SignatureTable": "signatures",
+        "load_signature_table": "signatures",
         "load_table": "table",
         "parse_line": "logline",
+        "propose": "proposal",
+        "table_paths": "table",
     },
 )

@@ -16,9 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..classify.proposal import Proposal, Refused, propose
-from ..classify.signatures import DEFAULT_SIGNATURE_DIR, load_signature_table
-from ..classify.table import table_paths
+from ..classify import (
+    DEFAULT_SIGNATURE_DIR,
+    Proposal,
+    Refused,
+    load_signature_table,
+    propose,
+    table_paths,
+)
 from ..config import Config
 from ..errors import SupervisorError
 from ..store import Store

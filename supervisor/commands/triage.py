@@ -28,11 +28,12 @@ from ..journal import (
     decode_json,
     plain_text_invocation,
     read_all,
+    read_driver_lines,
     read_file,
     sniff,
 )
 from ..model import Action, Ended, Outcome
-from ..pipeline import Pipeline
+from ..pipeline import KernelLine, Pipeline
 from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
 from .options import config_path
@@ -72,19 +73,27 @@ def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outco
     """The outcomes of every failed or crashed invocation in `source`."""
     pipeline = Pipeline(config, table)
     drift = RecordedDrift(config.state.state_dir)
+    kernel: list[KernelLine] = []
     try:
-        return _reported(pipeline.decide_all(_ended(source, pipeline), [drift.evidence]))
+        ended = _ended(source, pipeline, kernel)
+        gpu_faults = pipeline.gpu_faults(kernel)
+        return _reported(pipeline.decide_all(ended, [drift.evidence, gpu_faults]))
     finally:
         drift.close()
 
 
-def _ended(source: str, pipeline: Pipeline) -> list[Ended]:
-    """Every invocation of `source` that ended (or was still open at its end), read."""
+def _ended(source: str, pipeline: Pipeline, kernel: list[KernelLine]) -> list[Ended]:
+    """Every invocation of `source` that ended (or was still open at its end), read; for a
+    journal, the driver's kernel lines go to `kernel` (exported or pasted text has no trusted
+    transport: its `NVRM:` lines are the units' own, never the kernel's)."""
     path = Path(source)
+    journalctl = pipeline.config.journal.journalctl
     if source != "-" and path.is_dir():
+        kernel += read_driver_lines(journalctl, directory=path)
         return _from_journal(pipeline, ReaderSettings(directory=path))
     data = sys.stdin.buffer.read() if source == "-" else read_file(path)
     if data.startswith(JOURNAL_FILE_MAGIC):
+        kernel += read_driver_lines(journalctl, files=(path,))
         return _from_journal(pipeline, ReaderSettings(files=(path,)))
     if not data.strip():
         raise NoEntries(source)

@@ -55,6 +55,7 @@ from ..model import (
     Confidence,
     Decision,
     Evidence,
+    GpuXid,
     Invocation,
     Pace,
     Phase,
@@ -193,6 +194,8 @@ class RestartPolicy:
         if not (invocation.failed or verdict.crashed):
             streak.fingerprint, streak.count = None, 0
             return _observe(Rule.CLEAN_EXIT, "ended without a crash")
+        if (xid := evidence.xid) is not None and xid.meaning is not None:
+            return _gpu_fault(xid, streak)
         phase, port = evidence.phase, evidence.port
         if port is not None and port.outlives and rules.halt_inferred:
             # The port's holder outlives the unit's restarts (supervisor.decide.port_evidence):
@@ -341,6 +344,25 @@ def _as_dry_run(decision: Decision) -> Decision:
     if decision.action in (Action.HALT, Action.HOLD):
         reason = f"dry run, would {decision.action.value}: {reason}"
     return dataclasses.replace(decision, reason=reason, dry_run=True)
+
+
+def _gpu_fault(xid: GpuXid, streak: _Streak) -> Decision:
+    """The kernel's Xid for the crash's GPU decides: hardware, not the unit's software
+    streak. A reset or a reboot needed halts (the halt lifts after a reboot); NVIDIA's
+    "restart the application" restarts (and pacing bounds a loop of them)."""
+    streak.fingerprint, streak.count = None, 0
+    said = f"GPU {xid.pci} logged Xid {xid.code} ({xid.meaning}) just before the crash"
+    if xid.restart_helps:
+        return Decision(
+            action=Action.ALLOW_RESTART,
+            reason=f"{said}: NVIDIA's action is to {xid.what_to_do}",
+            rule=Rule.GPU_XID,
+        )
+    return Decision(
+        action=Action.HALT,
+        reason=f"{said}: a restart cannot get past it; {xid.what_to_do}",
+        rule=Rule.GPU_XID,
+    )
 
 
 def _said_lost(decision: Decision, invocation: Invocation, verdict: Verdict) -> Decision:

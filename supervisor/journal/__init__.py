@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..util.lazy import exports
 
 if TYPE_CHECKING:
+    from .kernel import read_driver_lines
     from .reader import ReaderSettings, read_all
     from .saved import (
         JOURNAL_FILE_MAGIC,
@@ -31,6 +32,7 @@ __all__ = [
     "lifecycle",
     "plain_text_invocation",
     "read_all",
+    "read_driver_lines",
     "read_file",
     "service_lines",
     "sniff",
@@ -49,6 +51,7 @@ __getattr__ = exports(
         "lifecycle": "writer",
         "plain_text_invocation": "saved",
         "read_all": "reader",
+        "read_driver_lines": "kernel",
         "read_file": "saved",
         "service_lines": "writer",
         "sniff": "saved",

@@ -52,6 +52,7 @@ DROP_REASONS = ("invalid_url", "http_4xx", "unrenderable", "attempts_exhausted",
 SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
 HALT_REASONS = tuple(rule.value for rule in HALT_RULES)
+MAX_GPUS = 64  # PCI addresses with a series of their own
 HALT_FAILED_REASONS = (
     "timeout",
     "access_denied",
@@ -133,6 +134,13 @@ class Metrics:
             "Lines of a unit that journald's rate limit dropped (its 'Suppressed N messages').",
             ["unit"],
         )
+        self._gpu_xid = self._counter(
+            "gpu_xid_total",
+            "NVIDIA Xid faults the kernel logged, per GPU (PCI address) and Xid (one the Xid "
+            "catalog lists, else 'other'), whether or not an engine crashed.",
+            ["pci", "xid"],
+        )
+        self._gpus: set[str] = set()
         self._cursor_gaps = self._counter(
             "journal_cursor_gaps_total",
             "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
@@ -493,6 +501,14 @@ class Metrics:
                 started, served = None, None
             self._start.labels(unit).set(started / 1e6 if started else 0)
             self._serving.labels(unit).set(1 if served is not None else 0)
+
+    def gpu_xid(self, pci: str, xid: str) -> None:
+        """Count one Xid of a GPU: at most MAX_GPUS addresses get a series of their own (the
+        driver prints them; a host has a few), the others share 'other'."""
+        if pci not in self._gpus and len(self._gpus) >= MAX_GPUS:
+            pci = OTHER
+        self._gpus.add(pci)
+        self._gpu_xid.labels(pci, xid).inc()
 
     def lines_suppressed(self, unit: str | None, count: int) -> None:
         """Count lines journald dropped from a unit (its rate limit)."""
