@@ -75,9 +75,13 @@ class XidEvidence:
     # -- what the kernel said ------------------------------------------------------------------
 
     def note(self, line: KernelLine) -> None:
-        """One of the driver's kernel lines: an Xid is kept and counted; others pass."""
+        """One of the driver's kernel lines: an Xid is kept and counted once (the periodic pass
+        and a crash's own read may both bring it); others pass."""
         xid = parse_xid(line.text)
-        if xid is None:
+        if xid is None or any(
+            seen.realtime_us == line.realtime_us and seen.text == line.text
+            for seen, _, _ in self._seen
+        ):
             return
         self._seen.append((line, xid.code, xid.pci))
         if self._counted is None:
@@ -122,10 +126,7 @@ class XidEvidence:
         if self._lookup is not None and inv.ended_us is not None and _may_be_the_gpus(ended):
             since = (first_error_us(inv) - self._window_us) / 1e6
             lines = await asyncio.to_thread(self._lookup, since, inv.ended_us / 1e6 + 1)
-            known = {(line.realtime_us, line.text) for line, _, _ in self._seen}
-            for line in lines:
-                if (line.realtime_us, line.text) not in known and (x := parse_xid(line.text)):
-                    self._seen.append((line, x.code, x.pci))  # counted when the follower reads it
+            self.note_all(lines)
         return self.joined(ended, evidence)
 
     def joined(self, ended: Ended, evidence: Evidence) -> Evidence:

@@ -1,12 +1,12 @@
 """The kernel's own lines about NVIDIA GPUs: a second, small source beside the units' reader.
 
 A GPU's fault is written by the driver to the kernel's log (`NVRM: Xid (PCI:...): 79, ...`), not
-to the unit's: the units' reader never sees it. This source follows the journal's kernel entries
-through the journal's field index (`journalctl _TRANSPORT=kernel`: it wakes on the journal's
-changes, reads only the kernel's entries, which are few), keeps the driver's `NVRM:` lines and
-hands them on. Whichever child reads the units (the native reader or journalctl), this one is
-journalctl: one match, no cursor (a restart reads the last `lookback_s` again, which joins
-nothing twice: the join is by time).
+to the unit's: the units' reader never sees it. This source reads the journal's kernel entries
+through the journal's field index (`journalctl _TRANSPORT=kernel`: only the kernel's entries,
+which are few), a pass every `POLL_S` and one at once for a crash that may be the GPU's, keeps
+the driver's `NVRM:` lines and hands them on. Whichever child reads the units (the native
+reader or journalctl), this one is journalctl: one match, no cursor (a restart reads the last
+`LOOKBACK_S` again, which joins nothing twice: the join is by time).
 
 Trusted only from the kernel: `_TRANSPORT=kernel` is journald's own field, and a line root wrote
 to /dev/kmsg carries a facility of its own (the kernel forces LOG_USER on writes there), so
@@ -40,7 +40,7 @@ KERNEL_FIELDS = (
 )
 DRIVER_MARK = b"NVRM:"  # the NVIDIA driver's lines (its Xid lines, and their continuations)
 LOOKBACK_S = 600.0  # at its start, what the kernel said this long ago is read too
-RESTART_S = 5.0  # a child that ended is started again after this long
+POLL_S = 30.0  # how often the kernel's new lines are read (for counting; a crash reads at once)
 READ_TIMEOUT_S = 60.0  # triage's one-shot read of a saved journal's kernel lines
 
 
@@ -138,7 +138,14 @@ def read_driver_lines(
 
 
 class KernelSource:
-    """Follows the journal's kernel entries and hands each driver line to `on_line`."""
+    """Reads the journal's kernel entries every `poll_s` and hands each new driver line to
+    `on_line`.
+
+    Not a following child: `journalctl -f` wakes on every write to the journal (2,000 lines/s
+    of the units' cost it a third more CPU, bench.kernel_cost), while the kernel logs an Xid a
+    few times a year. A crash that may be the GPU's reads the kernel's lines at once
+    (supervisor.decide.xid_evidence); this pass is for counting every Xid, crash or not.
+    """
 
     def __init__(
         self,
@@ -148,62 +155,40 @@ class KernelSource:
         directory: Path | None = None,
         files: Iterable[Path] = (),
         clock: Callable[[], float] = time.time,
+        poll_s: float = POLL_S,
     ) -> None:
         self._on_line = on_line
         self._journalctl = journalctl
         self._directory = directory
         self._files = tuple(files)
         self._clock = clock
+        self._poll_s = poll_s
+        self._since = clock() - LOOKBACK_S
+        self._seen: set[tuple[int, str]] = set()  # the last pass's lines (they overlap)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow until `stop`; a child that ends is started again (reading its lookback)."""
+        """Read the new kernel lines every `poll_s`, until `stop`."""
         while not stop.is_set():
-            try:
-                await self._follow(stop)
-            except OSError as exc:
-                log.warning("kernel_source_failed", error=str(exc), action="retried")
+            await self.read_once()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), RESTART_S)
+                await asyncio.wait_for(stop.wait(), self._poll_s)
 
-    async def _follow(self, stop: asyncio.Event) -> None:
-        argv = kernel_argv(
+    async def read_once(self) -> None:
+        """One pass from the last line read (a second back: journald's order is by arrival)."""
+        lines = await asyncio.to_thread(
+            read_driver_lines,
             self._journalctl,
             directory=self._directory,
             files=self._files,
-            follow=True,
-            since_s=self._clock() - LOOKBACK_S,
+            since_s=self._since - 1,
         )
-        child = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        if child.stdout is None:  # never: stdout is a pipe
-            return
-        parser = ExportParser()
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while True:
-                reading = asyncio.ensure_future(child.stdout.read(65536))
-                done, _ = await asyncio.wait(
-                    {reading, stopping}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if reading not in done:
-                    reading.cancel()
-                    return
-                chunk = reading.result()
-                if not chunk:
-                    return
-                for fields in parser.feed(chunk):
-                    if (line := driver_line(fields)) is not None:
-                        self._on_line(line)
-        finally:
-            stopping.cancel()
-            if child.returncode is None:
-                child.kill()
-            with contextlib.suppress(ProcessLookupError):
-                await child.wait()
+        seen = {(line.realtime_us, line.text) for line in lines}
+        for line in lines:
+            if (line.realtime_us, line.text) not in self._seen:
+                self._on_line(line)
+        self._seen = seen
+        if lines:
+            self._since = max(self._since, max(line.realtime_us for line in lines) / 1e6)
 
 
 def _text(value: bytes | None) -> str | None:
