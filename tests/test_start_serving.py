@@ -291,3 +291,26 @@ def test_a_unit_removed_then_added_again_shows_only_what_came_after() -> None:
     again = "4" * 32
     pipeline.feed([_pid1(2, "", again, LifecycleEvent.STARTING)])
     assert pipeline.tracker.running_starts() == {UNIT: (1_700_000_000_000_002, None)}
+
+
+def test_each_start_to_serving_is_observed_once() -> None:
+    """`vllm_supervisor_start_to_serving_seconds{unit}`: a start that serves is observed
+    once, whether a scrape reads it running, or its end, or both; a start not read from its
+    beginning, or that never served, is not."""
+    metrics = Metrics(new_registry(process=False))
+    metrics.register_units(["vllm.service"])
+    metrics.unit_loaded("vllm.service", True)
+    start = 1_700_000_000_000_000
+    metrics.running_starts({"vllm.service": (start, None)})  # loading: nothing yet
+    metrics.running_starts({"vllm.service": (start, start + 95_000_000)})
+    metrics.running_starts({"vllm.service": (start, start + 95_000_000)})  # the next scrape
+    metrics.start_served("vllm.service", start, start + 95_000_000)  # its end
+    metrics.start_served("vllm.service", None, start)  # a start not read
+    samples = parse(metrics.exposition()[0].decode())
+    name = "vllm_supervisor_start_to_serving_seconds"
+    assert value(samples, name + "_count", unit="vllm.service") == 1
+    assert value(samples, name + "_sum", unit="vllm.service") == 95
+    assert value(samples, name + "_bucket", unit="vllm.service", le="120.0") == 1
+    metrics.start_served("vllm.service", start + 10**9, start + 10**9 + 1_200_000_000)
+    samples = parse(metrics.exposition()[0].decode())
+    assert value(samples, name + "_count", unit="vllm.service") == 2

@@ -53,6 +53,8 @@ SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
 HALT_REASONS = tuple(rule.value for rule in HALT_RULES)
 MAX_GPUS = 64  # PCI addresses with a series of their own
+# A start to serving: an 8B model in a minute, a large MoE in 10-20 (weights, compile, graphs).
+_START_BUCKETS = (30, 60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800, 2700, 3600, 5400, 7200)
 HALT_FAILED_REASONS = (
     "timeout",
     "access_denied",
@@ -211,6 +213,15 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._to_serving = Histogram(
+            PREFIX + "start_to_serving_seconds",
+            "Time from a unit's start (PID 1's) to its first serving line: each unit's own "
+            "usual start, which VllmSupervisorStartStalled compares a running start with.",
+            ["unit"],
+            buckets=_START_BUCKETS,
+            registry=self.registry,
+        )
+        self._timed_starts: dict[str, int] = {}  # unit -> the start last observed, microseconds
         self._halted = self._gauge(
             "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
         )
@@ -431,6 +442,8 @@ class Metrics:
             self._last_crash.labels(unit).set(_seconds(inv.ended_us) or self._now())
         if inv.restarts is not None:
             self._restarts.labels(unit).set(inv.restarts)
+        if inv.start_seen:
+            self.start_served(inv.unit, inv.started_us, inv.served_us)
         dry = "true" if decision.dry_run else "false"
         self._decisions.labels(unit, signature, decision.action.value, dry).inc()
 
@@ -501,6 +514,17 @@ class Metrics:
                 started, served = None, None
             self._start.labels(unit).set(started / 1e6 if started else 0)
             self._serving.labels(unit).set(1 if served is not None else 0)
+            self.start_served(unit, started, served)
+
+    def start_served(self, unit: str | None, started: int | None, served: int | None) -> None:
+        """Observe a start's time to its first serving line, once per start (read while it
+        runs, at a scrape, or at its end), for a known unit whose start was read."""
+        if unit not in self._units or not started or not served or served < started:
+            return
+        if self._timed_starts.get(unit) == started:
+            return
+        self._timed_starts[unit] = started
+        self._to_serving.labels(unit).observe((served - started) / 1e6)
 
     def gpu_xid(self, pci: str, xid: str) -> None:
         """Count one Xid of a GPU: at most MAX_GPUS addresses get a series of their own (the
