@@ -8,12 +8,15 @@ not be. One LoadUnit, then the few properties asked at once (SystemdClient.prope
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from ..environment.fingerprint import UnitSettings
 from ..environment.unit_view import UnitView, paths_of
 from ..errors import SystemdError
 from .systemd import SERVICE_IFACE, UNIT_IFACE, SystemdClient, ask_once
 
+T = TypeVar("T")
 _UNIT_PROPERTIES = ("LoadState", "FragmentPath", "DropInPaths", "NeedDaemonReload")
 _SERVICE_PROPERTIES = ("ExecStart", "Environment", "EnvironmentFiles")
 
@@ -51,10 +54,18 @@ async def unit_settings(client: SystemdClient, unit: str) -> UnitSettings | None
 def ask_unit_settings(unit: str, *, timeout_s: float) -> UnitSettings | None:
     """For the gate (a one-shot process): the unit's loaded settings, or None when systemd
     cannot be asked or does not answer in time."""
+    return _asked(unit_settings, unit, timeout_s)
 
-    async def question(client: SystemdClient) -> UnitSettings | None:
+
+def _asked(
+    read: Callable[[SystemdClient, str], Awaitable[T | None]], unit: str, timeout_s: float
+) -> T | None:
+    """`read(client, unit)` on a connection of its own, bounded; None when systemd cannot be
+    asked or does not answer in time."""
+
+    async def question(client: SystemdClient) -> T | None:
         async with asyncio.timeout(timeout_s):
-            return await unit_settings(client, unit)
+            return await read(client, unit)
 
     try:
         return ask_once(question, timeout_s=timeout_s)
@@ -111,12 +122,4 @@ async def unit_view(client: SystemdClient, unit: str) -> UnitView | None:
 def ask_unit_view(unit: str, *, timeout_s: float) -> UnitView | None:
     """For the gate and the recheck: how `unit` sees the file system, or None when systemd
     cannot be asked, does not answer in time, or knows no such service."""
-
-    async def question(client: SystemdClient) -> UnitView | None:
-        async with asyncio.timeout(timeout_s):
-            return await unit_view(client, unit)
-
-    try:
-        return ask_once(question, timeout_s=timeout_s)
-    except (SystemdError, OSError, TimeoutError):
-        return None
+    return _asked(unit_view, unit, timeout_s)

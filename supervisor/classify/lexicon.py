@@ -404,25 +404,24 @@ def _wording(raw: dict[str, Any], where: _Where) -> _Wording:
     return entry
 
 
-def _exception(raw: dict[str, Any], where: _Where) -> _Exception:
+def _class_names(raw: dict[str, Any], where: _Where) -> frozenset[str]:
     names = _strings(raw, "names", where)
     if not names:
         raise where.error("names", "must name at least one exception class")
     for index, name in enumerate(names):
         if not _NAME.match(name):
             raise where.error(f"names[{index}]", f"must be a class name, got {name!r}")
+    return frozenset(names)
+
+
+def _exception(raw: dict[str, Any], where: _Where) -> _Exception:
+    names = _class_names(raw, where)
     reads = _reads(raw, "exception", where)
-    return _Exception(raw["id"], reads, _strength(raw, where), frozenset(names))
+    return _Exception(raw["id"], reads, _strength(raw, where), names)
 
 
 def _request(raw: dict[str, Any], where: _Where) -> _Request:
-    names = _strings(raw, "names", where)
-    if not names:
-        raise where.error("names", "must name at least one exception class")
-    for index, name in enumerate(names):
-        if not _NAME.match(name):
-            raise where.error(f"names[{index}]", f"must be a class name, got {name!r}")
-    return _Request(raw["id"], frozenset(names))
+    return _Request(raw["id"], _class_names(raw, where))
 
 
 def _capacity(raw: dict[str, Any], where: _Where) -> _Capacity:

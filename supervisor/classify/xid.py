@@ -11,7 +11,6 @@ engine can help. supervisor.decide.xid_evidence joins an Xid to the crash it cau
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import ConfigError
-from ..util.files import data_path
+from ..util.files import data_path, read_toml
 
 DEFAULT_XID_PATH: Path = data_path("xid.toml")
 # `NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.`; older
@@ -109,12 +108,7 @@ def load_xid_catalog(path: Path | None = None) -> XidCatalog:
     """The catalog at `path` (the shipped one by default); ConfigError in one line naming
     the file and the key."""
     path = path or DEFAULT_XID_PATH
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the Xid catalog: {exc}") from exc
-    except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    data = read_toml(path, ConfigError)
     extra = sorted(set(data) - {"xid"})
     if extra:
         raise ConfigError(f"{path}: unknown top-level key(s) {extra}; only [[xid]]")

@@ -15,7 +15,6 @@ lacks), the other lines only once a literal hint was found in them.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..errors import EngineFileError
+from ..util.files import read_toml
 
 _ENGINE_ID = re.compile(r"[a-z][a-z0-9_]*\Z")
 _PACKAGE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?\Z")
@@ -353,10 +353,4 @@ def parse_engine(raw: Mapping[str, Any], path: Path) -> EngineProfile:
 
 def read_engine_file(path: Path) -> EngineProfile:
     """Read and validate one engine file; raise EngineFileError (one line) on any fault."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise engine_error(f"{path}: cannot read: {exc}") from exc
-    except (tomllib.TOMLDecodeError, RecursionError) as exc:
-        raise engine_error(f"{path}: invalid TOML: {exc}") from exc
-    return parse_engine(raw, path)
+    return parse_engine(read_toml(path, engine_error), path)

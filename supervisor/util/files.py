@@ -1,4 +1,4 @@
-"""Files and directories only the supervisor's user (and group) can reach.
+"""Files and directories only the supervisor's user (and group) can reach; the data files.
 
 The state database holds crash lines and the outbox (which may quote secrets a crashing server
 printed); quarantine records decide whether a unit may start. Neither may be world-writable,
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import stat
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 DIR_MODE = 0o750
 FILE_MODE = 0o600
@@ -67,3 +70,14 @@ def data_path(name: str) -> Path:
     package = Path(__file__).resolve().parent.parent
     packaged = package / "data" / name
     return packaged if packaged.exists() else package.parent / "config" / name
+
+
+def read_toml(path: Path, fail: Callable[[str], Exception]) -> dict[str, Any]:
+    """A data file's TOML document; `fail(message)` raised, in one line naming the file, when
+    it cannot be read or parsed (nested too deeply included)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"{path}: cannot read: {exc}") from exc
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise fail(f"{path}: invalid TOML: {exc}") from exc
