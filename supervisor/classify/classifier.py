@@ -56,7 +56,7 @@ from ..model import (
     Verdict,
 )
 from .fingerprint import fingerprint
-from .lexicon import CAUSE_READINGS, Lexicon, Reads, Strength, default_lexicon
+from .lexicon import CAUSE_READINGS, Lexicon, Reads, default_lexicon
 from .logline import (
     INFO_LEVELS,
     Annotated,
@@ -206,9 +206,10 @@ class Classifier:
         raised through a request's handling) with the lines that introduced them."""
         blocks: set[int] = set()
         for index, block in enumerate(ann.blocks):
-            if block.exception is None or not _handles_a_request(ann, block):
+            if block.exception is None:
                 continue
-            if self.lexicon.request_error(exception_name(ann.lines[block.exception].text)):
+            named = exception_name(ann.lines[block.exception].text)
+            if self.lexicon.request_error(named) and _handles_a_request(ann, block):
                 blocks.add(index)
         # A traceback raised while handling one of them is the same request's.
         grew = True
@@ -392,10 +393,7 @@ class Classifier:
         """Words that name a deterministic cause outright (decisive: an allocator's budget
         below zero), whatever the level of the line that prints them: an engineer reads
         `Available KV cache memory: -2.77 GiB` before a bare exit as the cause."""
-        return any(
-            c.reads is Reads.DETERMINISTIC and c.strength is Strength.DECISIVE
-            for c in self.lexicon.words(text)
-        )
+        return self.lexicon.names_a_shortfall(text)
 
     @staticmethod
     def _quiet(

@@ -177,12 +177,27 @@ class Lexicon:
         # Every wording pattern in one RE2 set: set index -> (entry, its pattern).
         self._owners = [(entry, pattern) for entry in self._wording for pattern in entry.patterns]
         self._set = _wording_set([pattern for _, pattern in self._owners])
+        # The words that name a deterministic cause outright, in a set of their own: asked of
+        # every quiet line before serving (`names_a_shortfall`), one small match each.
+        self._decisive = _wording_set(
+            [
+                pattern
+                for entry in self._wording
+                if entry.reads is Reads.DETERMINISTIC and entry.strength is Strength.DECISIVE
+                for pattern in entry.patterns
+            ]
+        )
 
     def _hits(self, text: str) -> list[tuple[_Wording, Any]]:
         """The (entry, pattern) pairs whose pattern occurs in `text`, in the lexicon's order."""
         if self._set is None or not text:
             return []
         return [self._owners[i] for i in sorted(self._set.Match(text) or ())]
+
+    def names_a_shortfall(self, text: str) -> bool:
+        """Its words name a deterministic cause outright (a decisive deterministic wording:
+        an allocator's budget below zero), whatever the level of the line."""
+        return self._decisive is not None and bool(text) and bool(self._decisive.Match(text))
 
     def line_kind(self, text: str) -> Reads | None:
         """A pointer or a handled report first (whatever else the line says), then a line
