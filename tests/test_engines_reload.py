@@ -103,7 +103,7 @@ def test_check_config_refuses_a_broken_engine_file_in_one_line(tmp_path: Path) -
     (engines / "acme.toml").write_text(ACME)
     good = check()
     assert good.returncode == 0, good.stderr
-    assert "engines: acme, sglang, tgi, vllm" in good.stdout
+    assert "engines: acme, llamacpp, lmdeploy, sglang, tgi, tritonserver, vllm" in good.stdout
     (engines / "acme.toml").write_text(ACME.replace("ERR|INF", "ERR|INF("))
     bad = check()
     assert bad.returncode == 2
