@@ -135,14 +135,20 @@ class XidEvidence:
         inv = ended.invocation
         if not inv.failed or inv.boot_id is None or inv.ended_us is None:
             return evidence
-        first = first_error_us(inv)
-        found = [
+        ended_us = inv.ended_us
+        # Most crashes have no Xid near them: the invocation's lines are read only then.
+        near = [
             (line, code, pci)
             for line, code, pci in self._seen
             if line.boot_id == inv.boot_id
             and (inv.host is None or line.host is None or line.host == inv.host)
-            and first - self._window_us <= line.realtime_us <= inv.ended_us
+            and line.realtime_us <= ended_us
+            and ended_us - line.realtime_us <= self._window_us + _TAIL_S * 1_000_000
         ]
+        if not near:
+            return evidence
+        first = first_error_us(inv)
+        found = [f for f in near if first - self._window_us <= f[0].realtime_us]
         if not found:
             return evidence
         # The one a restart cannot get past says most, then one that is no mere follower or
