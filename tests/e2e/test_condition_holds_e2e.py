@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nspawn import Container, wait_for
@@ -150,3 +151,42 @@ def test_a_missing_path_the_unit_cannot_see_does_not_lift_its_halt(
     assert not gate_says(container, "exists now")
     assert len(invocations_that_ran(container)) == 1
     assert container.run("test", "-f", QUARANTINE, check=False).returncode == 0
+
+
+LAZY = "/run/lazy-import.sh"
+LAZY_SCRIPT = """#!/bin/sh
+# A server that serves without a serving line (--uvicorn-log-level warning), then dies on a
+# lazy import in the chat handler: 6 s into its first start, 1 s into the next.
+count=$(( $(cat /run/lazy.count 2>/dev/null || echo 0) + 1 ))
+echo "$count" > /run/lazy.count
+if [ "$count" -eq 1 ]; then sleep 6; else sleep 1; fi
+cat /run/lazy-import.log
+exit 1
+"""
+
+
+def test_a_lazy_import_in_a_request_restarts_then_halts_right_after_serving(
+    container: Container,
+) -> None:
+    """Issue 34: the crash's frames are the chat handler's, so it served. The first start ran
+    longer than the unit's repeat window (3 s here, 120 s shipped): restarted; the same crash
+    1 s into the next start, right after serving: halted."""
+    lazy = (Path(__file__).parents[1] / "data" / "requests" / "lazy-import.txt").read_text()
+    container.write_file("/run/lazy-import.log", lazy)
+    container.write_file(LAZY, LAZY_SCRIPT, mode="0755")
+    install(container, LAZY, sec="1s")
+    config = CONFIG.format(unit=UNIT, port=free_port()).replace(
+        "[metrics]", "repeat_window_s = 3\n\n[metrics]"
+    )
+    start_supervisor(container, config)
+    container.systemctl("start", "--no-block", UNIT)
+    wait_for(lambda: container.run("test", "-f", QUARANTINE, check=False).returncode == 0,
+             timeout=60, what="the halt")  # fmt: skip
+    first, second = history(container)[:2]
+    assert (first["decision"]["action"], first["decision"]["rule"]) == (
+        "allow-restart",
+        "fatal_after_serving",
+    ), first["decision"]
+    assert second["decision"]["action"] == "halt", second["decision"]
+    assert "No module named 'librosa'" in second["verdict"]["root_cause"]
+    assert len(invocations_that_ran(container)) == 2  # its log's banner: one `cat` per start
