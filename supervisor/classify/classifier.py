@@ -368,7 +368,7 @@ class Classifier:
         loud = role is Role.EXCEPTION or special or error or header
         # Information is no cause, unless its words name one outright before the server
         # took requests (`_names_a_shortfall`).
-        decisive = not loud and message and index < opened and self._names_a_shortfall(text)
+        decisive = not loud and message and index < opened and self.lexicon.names_a_shortfall(text)
         if not loud and not (message and (line.level not in INFO_LEVELS or decisive)):
             return None
         kind = self.lexicon.line_kind(carried.cause if carried else text)
@@ -388,12 +388,6 @@ class Classifier:
         # An error the program says it coped with (a retry) ranks below the errors.
         tier = _TIER_WARNING if kind is Reads.HANDLED else _TIER_ERROR
         return _Candidate(tier, 0, index, text, None)
-
-    def _names_a_shortfall(self, text: str) -> bool:
-        """Words that name a deterministic cause outright (decisive: an allocator's budget
-        below zero), whatever the level of the line that prints them: an engineer reads
-        `Available KV cache memory: -2.77 GiB` before a bare exit as the cause."""
-        return self.lexicon.names_a_shortfall(text)
 
     @staticmethod
     def _quiet(

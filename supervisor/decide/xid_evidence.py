@@ -28,7 +28,7 @@ import structlog
 
 from ..classify.fingerprint import fingerprint
 from ..classify.logline import parse_line
-from ..classify.xid import XidCatalog, load_xid_catalog, parse_xid
+from ..classify.xid import XidCatalog, XidLine, load_xid_catalog, parse_xid
 from ..config import Config
 from ..errors import ConfigError
 from ..journal.kernel import KernelLine
@@ -48,7 +48,7 @@ log = structlog.get_logger(__name__)
 
 WINDOW_S = 60.0  # an Xid this long before the engine's first error line is its cause
 KEPT = 512  # Xids remembered (per daemon): far more than any window holds
-_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL"})
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})  # parse_line's levels
 _LOOKS_BAD = re.compile(r"(?:Error|Exception)\b|\b(?:ERROR|CRITICAL|FATAL|[Ff]atal)\b")
 _TAIL_S = 120.0  # the first error is looked for in the invocation's last this many seconds
 
@@ -70,7 +70,7 @@ class XidEvidence:
         # the Xid yet when the crash is decided (both read the journal as it grows).
         self._lookup = lookup
         self._window_us = int(window_s * 1_000_000)
-        self._seen: deque[tuple[KernelLine, int, str]] = deque(maxlen=KEPT)  # line, code, pci
+        self._seen: deque[tuple[KernelLine, XidLine]] = deque(maxlen=KEPT)
 
     # -- what the kernel said ------------------------------------------------------------------
 
@@ -80,15 +80,14 @@ class XidEvidence:
         xid = parse_xid(line.text)
         if xid is None or any(
             seen.realtime_us == line.realtime_us and seen.text == line.text
-            for seen, _, _ in self._seen
+            for seen, _ in self._seen
         ):
             return
-        self._seen.append((line, xid.code, xid.pci))
+        self._seen.append((line, xid))
         if self._counted is None:
             return  # triage: nothing to count or say while reading
-        label = str(xid.code) if self.catalog.get(xid.code) is not None else "other"
-        self._counted(xid.pci, label)
         entry = self.catalog.get(xid.code)
+        self._counted(xid.pci, str(xid.code) if entry is not None else "other")
         log.warning(
             "gpu_xid",
             pci=xid.pci,
@@ -123,23 +122,29 @@ class XidEvidence:
         """`joined`, after reading the kernel's lines around the crash at once when its own
         lines speak of the GPU (a CUDA error, ECC, a lost device): the follower may lag."""
         inv = ended.invocation
+        first = None
         if self._lookup is not None and inv.ended_us is not None and _may_be_the_gpus(ended):
-            since = (first_error_us(inv) - self._window_us) / 1e6
+            first = first_error_us(inv)
+            since = (first - self._window_us) / 1e6
             lines = await asyncio.to_thread(self._lookup, since, inv.ended_us / 1e6 + 1)
             self.note_all(lines)
-        return self.joined(ended, evidence)
+        return self._joined(ended, evidence, first)
 
     def joined(self, ended: Ended, evidence: Evidence) -> Evidence:
         """`evidence` with the Xid the crash's host and boot logged just before its first
         error; unchanged when there is none (or the invocation's boot is not known)."""
+        return self._joined(ended, evidence, None)
+
+    def _joined(self, ended: Ended, evidence: Evidence, first: int | None) -> Evidence:
+        """`joined`, given the first error line's time when it was read already."""
         inv = ended.invocation
         if not inv.failed or inv.boot_id is None or inv.ended_us is None:
             return evidence
         ended_us = inv.ended_us
         # Most crashes have no Xid near them: the invocation's lines are read only then.
         near = [
-            (line, code, pci)
-            for line, code, pci in self._seen
+            (line, xid)
+            for line, xid in self._seen
             if line.boot_id == inv.boot_id
             and (inv.host is None or line.host is None or line.host == inv.host)
             and line.realtime_us <= ended_us
@@ -147,27 +152,26 @@ class XidEvidence:
         ]
         if not near:
             return evidence
-        first = first_error_us(inv)
+        first = first if first is not None else first_error_us(inv)
         found = [f for f in near if first - self._window_us <= f[0].realtime_us]
         if not found:
             return evidence
         # The one a restart cannot get past says most, then one that is no mere follower or
         # note (Xid 45, 154: their action is "none"), then the latest.
-        line, code, pci = max(found, key=lambda f: (*self._weight(f[1]), f[0].realtime_us))
-        entry = self.catalog.get(code)
-        parsed = parse_xid(line.text)
-        xid = GpuXid(
-            code=code,
-            pci=pci,
-            line=parsed.text if parsed is not None else line.text,
+        line, xid = max(found, key=lambda f: (*self._weight(f[1].code), f[0].realtime_us))
+        entry = self.catalog.get(xid.code)
+        joined = GpuXid(
+            code=xid.code,
+            pci=xid.pci,
+            line=xid.text,
             realtime_us=line.realtime_us,
             boot_id=line.boot_id,
             meaning=entry.meaning if entry else None,
             action=entry.action if entry else None,
             what_to_do=entry.what_to_do if entry else None,
-            restart_helps=self._helps(code),
+            restart_helps=self._helps(xid.code),
         )
-        return dataclasses.replace(evidence, xid=xid)
+        return dataclasses.replace(evidence, xid=joined)
 
     def _weight(self, code: int) -> tuple[bool, bool]:
         entry = self.catalog.get(code)
