@@ -99,11 +99,10 @@ def exists_for(view: UnitView, path: str) -> bool:
 def _credentials(view: UnitView) -> tuple[int, int, tuple[int, ...]] | None:
     """(uid, gid, supplementary gids) the unit runs as; None for a user or group that does
     not resolve (the check then says nothing exists)."""
-    if view.dynamic_user and not _resolves_user(view.user):
-        return NOBODY, NOBODY, ()
-    user = _user(view.user)
+    # A dynamic user not running has no name to resolve ("" would be root): nobody then.
+    user = _user(view.user) if view.user or not view.dynamic_user else None
     if user is None:
-        return None
+        return (NOBODY, NOBODY, ()) if view.dynamic_user else None
     uid, primary = user
     gid = _group(view.group) if view.group else primary
     groups = [_group(name) for name in view.supplementary]
@@ -120,10 +119,6 @@ def _user(name: str) -> tuple[int, int] | None:
     except (KeyError, OverflowError, ValueError):
         return (int(name), int(name)) if name.isdigit() and int(name) < 2**31 else None
     return entry.pw_uid, entry.pw_gid
-
-
-def _resolves_user(name: str) -> bool:
-    return bool(name) and _user(name) is not None
 
 
 def _group(name: str) -> int | None:
