@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from .actions.actor import Actor
+from .actions.evidence import environment_of
 from .actions.gatekeeper import GateServer, socket_path
 from .actions.halt import Halter
 from .actions.holds import Holds, hold_dir
@@ -28,7 +29,6 @@ from .actions.quarantine import (
     Quarantine,
     quarantine_dir,
     quarantine_records,
-    quarantined_units,
 )
 from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
@@ -40,6 +40,7 @@ from .classify.xid import load_xid_catalog
 from .config import DEFAULT_RUNTIME_DIR, Config, parse_listen
 from .daemon import SHUTDOWN_GRACE_S, Daemon, Parts, supervised_machine_id
 from .decide.address_evidence import AddressEvidence
+from .decide.fleet import FleetEvidence
 from .decide.hang import HangWatcher
 from .decide.port_evidence import PortEvidence
 from .decide.xid_evidence import XidEvidence
@@ -206,6 +207,15 @@ async def _run(
             journal.journalctl, directory=journal.directory, since_s=since, until_s=until
         ),
     )
+    # The fleet's proof at a first crash (supervisor.decide.fleet): this unit's environment is
+    # read as a halt reads it, so two hosts' digests compare.
+    fleet = FleetEvidence(
+        config,
+        environment=lambda unit: environment_of(
+            unit, control, python=daemon.config.unit(unit).python
+        ),
+        counted=metrics.fleet_lookup,
+    )
     kernel = KernelSource(xids.note, journalctl=journal.journalctl, directory=journal.directory)
     reader = journal_reader(config, store.load_checkpoint(), metrics)
     daemon = compose_daemon(
@@ -218,7 +228,14 @@ async def _run(
         notifier=notify,
         reporter=notifier,
         load_config=reload_config,
-        hooks=[hangs, recorder, ports, AddressEvidence(config, machine_id=machine_id), xids],
+        hooks=[
+            hangs,
+            recorder,
+            ports,
+            AddressEvidence(config, machine_id=machine_id),
+            xids,
+            fleet,  # after the host's own evidence: a port, an address or an Xid decides alone
+        ],
         tasks=[
             recorder.run,
             *([kernel.run] if journal.kernel else []),
@@ -239,7 +256,9 @@ async def _run(
     )
 
     def refresh_halted() -> None:
-        metrics.halted_units(quarantined_units(config))
+        records = quarantine_records(config)
+        metrics.halted_units(set(records))
+        metrics.halted_crashes(records)
         standing = holds.all()
         metrics.held_units({unit: hold.until for unit, hold in standing.items()}, time.time())
 
@@ -267,7 +286,7 @@ async def _run(
         await daemon.run(stop, reload)
     finally:
         notifier.stopping()
-        closing = [gates.close(), server.close(), systemd.close(), notify.aclose()]
+        closing = [gates.close(), server.close(), systemd.close(), notify.aclose(), fleet.aclose()]
         await close_within(CLOSE_BUDGET_S, closing)
         await asyncio.to_thread(store.close)  # the writes still queued are finished first
 

@@ -45,6 +45,9 @@ _UNIT_NAME = re.compile(
     r"(service|socket|target|device|mount|automount|swap|path|timer|slice|scope)$"
 )
 
+# A host's name as an alert label carries it (RFC 1123 labels, and '_' some fleets use).
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
 
 class Secret(str):
     """A string that never shows itself in a repr, a log line or an error message."""
@@ -181,6 +184,19 @@ class AlertmanagerConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FleetConfig:
+    """What hosts share through the Alertmanager they push to (supervisor.decide.fleet): a
+    halt of a crash, by its fingerprint and its environment's digest, that another host reads
+    at its own first crash. On only with `alertmanager.url`. With it on, the halts the fleet
+    shares are told by that Alertmanager's group, once per crash, not by the Slack webhook."""
+
+    share: bool = False  # publish this host's halts and read the others'
+    host: str = ""  # this host's name in the alerts; empty: the machine's hostname
+    window_s: float = 21600.0  # a proof older than this (6 h) is no proof
+    timeout_s: float = 0.5  # the longest a crash's decision waits for Alertmanager's answer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
     """The Prometheus endpoint (/metrics and /healthz)."""
 
@@ -264,6 +280,7 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     slack: SlackConfig = field(default_factory=SlackConfig)
     alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     systemd: SystemdConfig = field(default_factory=SystemdConfig)
     gate: GateConfig = field(default_factory=GateConfig)
@@ -413,6 +430,13 @@ def validate(config: Config) -> Config:
     if url is not None and (problem := url_problem(url)) is not None:
         raise ConfigError(
             f"alertmanager.url: not a usable http(s) URL: {problem} (value not shown)"
+        )
+    for key in ("window_s", "timeout_s"):
+        _positive(f"fleet.{key}", getattr(config.fleet, key))
+    if config.fleet.host and not _HOST_NAME.fullmatch(config.fleet.host):
+        raise ConfigError(
+            f"fleet.host: expected a host name of letters, digits, '.', '_' and '-' "
+            f"(got {config.fleet.host!r})"
         )
     _positive("slack.timeout_s", config.slack.timeout_s)
     _positive("slack.max_attempts", config.slack.max_attempts)
@@ -589,6 +613,7 @@ RESTART_ONLY = (
     "state",
     "slack",
     "alertmanager",
+    "fleet",
     "metrics",
     "systemd",
     "gate",

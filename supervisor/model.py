@@ -12,7 +12,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from .util.when import iso_seconds
+from .util.when import iso_seconds, utc
 
 EMPTY: Mapping[str, str] = MappingProxyType({})
 
@@ -312,6 +312,8 @@ class Rule(StrEnum):
     # The kernel's Xid for the crash's GPU (supervisor.decide.xid_evidence): halted when a
     # restart cannot help (a reset, a reboot), restarted when NVIDIA says restart the app.
     GPU_XID = "gpu_xid"
+    # Another host halted the same crash with the same environment (supervisor.decide.fleet).
+    FLEET_PROOF = "fleet_proof"
     FATAL_AFTER_SERVING = "fatal_after_serving"
     TRANSIENT = "transient"
     UNKNOWN_FIRST = "unknown_first"
@@ -334,6 +336,7 @@ HALT_RULES = (
     Rule.INFERRED_FATAL,
     Rule.PORT_HELD,
     Rule.GPU_XID,
+    Rule.FLEET_PROOF,
     Rule.OTHER,
 )
 
@@ -512,6 +515,26 @@ class GpuXid:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FleetProof:
+    """Another host's halt of the same crash in the same environment, read from the fleet's
+    shared Alertmanager (supervisor.decide.fleet): whose, and since when."""
+
+    host: str
+    unit: str
+    crash: str  # the crash's fingerprint (supervisor.classify.fingerprint)
+    environment: str  # the environment's fleet digest (supervisor.environment.fingerprint)
+    since_s: float  # unix time of that halt
+    crashes: int | None = None  # the crashes that host saw before it halted, when it said
+
+    def cited(self) -> str:
+        """How a record and a message cite it."""
+        at = utc(self.since_s)
+        when = "an unknown time" if at is None else at.strftime("%Y-%m-%d %H:%M UTC")
+        after = f" after {self.crashes} crashes" if self.crashes else ""
+        return f"the same crash with the same packages halted {self.host} at {when}{after}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Evidence:
     """What is known of an ended invocation beside its lines, gathered before it is decided
     (the hooks fill it: supervisor.seams.BatchHook.evidence); `decide` reads nothing else."""
@@ -525,6 +548,7 @@ class Evidence:
     # (supervisor.decide.address_evidence).
     address: str | None = None
     xid: GpuXid | None = None  # the GPU's fault the kernel logged before the crash
+    fleet: FleetProof | None = None  # another host's halt of this crash, environment alike
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -560,6 +584,8 @@ class Decision:
     dry_run: bool = False
     rule: Rule = Rule.OTHER
     pace: Pace | None = None  # with Action.HOLD
+    # The crashes in a row a halt rests on (the fleet cites it: "halted gpu-12 after 2").
+    crashes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The `decision` object of the triage/history JSON contract."""
@@ -571,6 +597,8 @@ class Decision:
         }
         if self.pace is not None:
             said["hold"] = self.pace.to_json()
+        if self.crashes is not None:
+            said["crashes"] = self.crashes
         return said
 
 

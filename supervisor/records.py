@@ -34,6 +34,7 @@ from .model import (
     Taken,
     Verdict,
 )
+from .util.jsontext import whole_number
 
 Pending = Ended | Outcome
 """A pending record: ended and to be decided, or decided and to be acted on."""
@@ -87,6 +88,7 @@ def outcome_from_record(record: Mapping[str, Any]) -> Outcome:
         dry_run=bool(raw_decision.get("dry_run", False)),
         rule=Rule(raw_decision.get("rule", Rule.OTHER.value)),
         pace=_pace(raw_decision.get("pace")),
+        crashes=whole_number(raw_decision.get("crashes")) or None,
     )
     return Outcome(
         invocation=invocation,

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from alertmanager_server import Alertmanager, free_port
 from conftest import wait_for
 from faults.harness import Supervisor, classified, crash, write_config
 from hypothesis import given
@@ -31,61 +32,8 @@ from vllm_supervisor.notify.alertmanager import ALERT_NAME, RUNBOOK_URL, alert
 UNIT = "vllm.service"
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yml"
-BINARY = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-AM_CONFIG = "route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n"
 GROUP_INTERVAL_S = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Alertmanager:
-    """A real Alertmanager started by the test (and killed only by it, by PID)."""
-
-    def __init__(self, root: Path, port: int, config: str = AM_CONFIG) -> None:
-        self.root, self.port, self.config = root, port, config
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, *, fresh: bool = False) -> None:
-        storage = self.root / "storage"
-        if fresh and storage.exists():
-            shutil.rmtree(storage)
-        storage.mkdir(parents=True, exist_ok=True)
-        config = self.root / "alertmanager.yml"
-        config.write_text(self.config)
-        log = (self.root / "alertmanager.log").open("ab")
-        self.process = subprocess.Popen(
-            [BINARY, f"--config.file={config}", f"--storage.path={storage}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        )  # fmt: skip
-        wait_for(self._ready, timeout=30, what="Alertmanager ready")
-
-    def _ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
-        self.process = None
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """The active alerts of ours (resolved ones are not returned)."""
-        reply = httpx.get(f"{self.url}/api/v2/alerts", params={"filter": f"alertname={ALERT_NAME}"})
-        reply.raise_for_status()
-        return [a for a in reply.json() if a["status"]["state"] == "active"]
 
 
 @pytest.fixture
@@ -121,8 +69,8 @@ def test_a_halt_fires_and_a_release_resolves(
     with JournalWriter(tmp_path / "journal") as writer:
         writer.write(crash("fatal", 1))
         supervisor.start()
-        wait_for(lambda: alertmanager.alerts(), timeout=30, what="the alert")
-    (fired,) = alertmanager.alerts()
+        wait_for(lambda: alertmanager.alerts(ALERT_NAME), timeout=30, what="the alert")
+    (fired,) = alertmanager.alerts(ALERT_NAME)
     assert fired["labels"] == {
         "alertname": ALERT_NAME,
         "host": socket.gethostname(),
@@ -136,7 +84,7 @@ def test_a_halt_fires_and_a_release_resolves(
     assert fired["annotations"]["release"] == f"vllm-supervisor release {UNIT}"
     assert "flashinfer-cubin==" in fired["annotations"]["remediation"]
     release(supervisor)
-    wait_for(lambda: not alertmanager.alerts(), timeout=30, what="the alert resolved")
+    wait_for(lambda: not alertmanager.alerts(ALERT_NAME), timeout=30, what="the alert resolved")
 
 
 def test_an_outage_and_restarts_lose_nothing(
@@ -150,14 +98,16 @@ def test_an_outage_and_restarts_lose_nothing(
         supervisor.start()
         wait_for(lambda: len(classified(tmp_path / "state")) == 1, timeout=60, what="the halt")
     alertmanager.start()  # it was down during the halt
-    wait_for(lambda: alertmanager.alerts(), timeout=30, what="the alert after the outage")
+    wait_for(lambda: alertmanager.alerts(ALERT_NAME), timeout=30, what="the alert after the outage")
     alertmanager.stop()
     alertmanager.start(fresh=True)  # restarted with its storage lost
-    wait_for(lambda: alertmanager.alerts(), timeout=30, what="the alert re-sent")
+    wait_for(lambda: alertmanager.alerts(ALERT_NAME), timeout=30, what="the alert re-sent")
     supervisor.terminate()
     release(supervisor)  # while the daemon is down
     supervisor.start()
-    wait_for(lambda: not alertmanager.alerts(), timeout=30, what="resolved after the restart")
+    wait_for(
+        lambda: not alertmanager.alerts(ALERT_NAME), timeout=30, what="resolved after the restart"
+    )
     warnings = [e for e in supervisor.events() if e["event"] == "alertmanager_unreachable"]
     assert len(warnings) == 1, warnings  # one line per outage, not one per retry
 
@@ -314,7 +264,7 @@ def test_the_push_and_the_rule_page_once_per_halt(tmp_path: Path) -> None:
         with JournalWriter(tmp_path / "journal") as writer:
             writer.write(crash("fatal", 1))
             sup.start()
-            wait_for(lambda: manager.alerts(), timeout=60, what="the pushed alert")
+            wait_for(lambda: manager.alerts(ALERT_NAME), timeout=60, what="the pushed alert")
         wait_for(lambda: prometheus.firing(), timeout=60, what="the rule firing")
         wait_for(lambda: prometheus.sent() >= 1, timeout=30, what="Prometheus posting the rule")
         wait_for(lambda: pager.count() >= 1, timeout=30, what="the page")
@@ -324,10 +274,10 @@ def test_the_push_and_the_rule_page_once_per_halt(tmp_path: Path) -> None:
         expected = {"alertname": ALERT_NAME, "host": socket.gethostname(), "unit": UNIT,
                     "severity": "critical"}  # fmt: skip
         assert notified_alerts(pager) == [[expected]]
-        assert [a["labels"] for a in manager.alerts()] == [expected]
+        assert [a["labels"] for a in manager.alerts(ALERT_NAME)] == [expected]
         assert prometheus.firing()[0]["labels"] == expected
         release(sup)
-        wait_for(lambda: not manager.alerts(), timeout=30, what="the alert resolved")
+        wait_for(lambda: not manager.alerts(ALERT_NAME), timeout=30, what="the alert resolved")
         wait_for(lambda: not prometheus.firing(), timeout=30, what="the rule resolved")
         assert pager.count() == 1
     finally:

@@ -250,6 +250,9 @@ def quarantine_record(outcome: Outcome, standing: dict[str, Any] | None = None) 
         "root_cause": _shown(verdict.root_cause),
         "remediation": _shown(verdict.remediation),
         "fingerprint": verdict.fingerprint,
+        # The rule and the crashes it rested on: the fleet's proof says both (supervisor.fleet).
+        "rule": outcome.decision.rule.value,
+        "loop_crashes": outcome.decision.crashes,
         # A lift rests on what the halt named: these packages' changes, not any package's.
         "packages": list(verdict.packages),
         # The reason may quote outside text (a port holder's command line): escaped, bounded.

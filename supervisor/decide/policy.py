@@ -30,6 +30,9 @@ Rules, in order:
    timeout is a cause's record) never halts by repetition (`unknown_no_cause`): a hub outage
    or someone's kill repeats as identically, and a halt on nothing costs an outage where a
    missed one costs a reload.
+   Another host's recent, unreleased halt of the same crash (fingerprint) with the same
+   environment (supervisor.decide.fleet) halts at the first crash (`fleet_proof`), unless this
+   crash leans transient or names no cause: that host's repetitions are this one's.
 7. A crash allowed to restart (rules 4 to 6) is paced (supervisor.decide.pacing): from the 2nd
    crash in a row of starts that ended within `pace_reset_s` (10 minutes), the decision is
    `hold`, the next start waiting a delay that doubles with each further crash up to the unit's
@@ -233,12 +236,14 @@ class RestartPolicy:
                     reason=f"{verdict.severity_reason or 'fatal (inferred)'}: a restart would "
                     "crash the same way",
                     rule=Rule.INFERRED_FATAL,
+                    crashes=1,
                 )
             return Decision(
                 action=Action.HALT,
                 reason=f"known fatal crash '{verdict.signature}': "
                 "a restart would crash the same way",
                 rule=Rule.FATAL_SIGNATURE,
+                crashes=1,
             )
         if verdict.severity is Severity.TRANSIENT:
             streak.fingerprint, streak.count = None, 0
@@ -263,6 +268,20 @@ class RestartPolicy:
             streak.fingerprint, streak.count = fingerprint, 1
         streak.ran_s = phase.ran_s
         limit = rules.unknown_repeat_limit
+        proof = evidence.fleet
+        if (
+            proof is not None
+            and proof.crash == fingerprint
+            and verdict.leaning is not Severity.TRANSIENT
+            and not _names_no_cause(invocation, verdict)
+        ):
+            return Decision(
+                action=Action.HALT,
+                reason=f"{proof.cited()}, and this crash has the same fingerprint "
+                f"({fingerprint}) in the same environment: a restart would crash the same way",
+                rule=Rule.FLEET_PROOF,
+                crashes=streak.count,
+            )
         if streak.count >= limit and _names_no_cause(invocation, verdict):
             return Decision(
                 action=Action.ALLOW_RESTART,
@@ -279,6 +298,7 @@ class RestartPolicy:
                 f"{streak.count} consecutive invocations (limit {limit}), each "
                 f"{phase.describe()}",
                 rule=Rule.UNKNOWN_REPEAT,
+                crashes=streak.count,
             )
         if (
             streak.count == 2
@@ -293,6 +313,7 @@ class RestartPolicy:
                 f"({_seconds(previous_s)} and {_seconds(phase.ran_s)}), and its evidence leans "
                 "deterministic",
                 rule=Rule.UNKNOWN_REPEAT,
+                crashes=streak.count,
             )
         return Decision(
             action=Action.ALLOW_RESTART,

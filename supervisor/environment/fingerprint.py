@@ -107,6 +107,40 @@ def changes(
     return found
 
 
+def fleet_digest(found: object) -> str | None:
+    """One hash of what the hosts of one rollout share of a fingerprint (`take`): the
+    distributions and their versions (wherever the venv lies), the interpreter's build (its
+    file name and size, not its inode or mtime), the driver, and the ExecStart= and
+    Environment= digests. Unit and environment files are left out (a host's own drop-in may
+    pin its GPUs). None when it holds neither packages nor an ExecStart=: too little to say
+    two hosts run the same thing. Never raises: a record read back may hold anything."""
+    if not isinstance(found, dict):
+        return None
+    shared: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    packages = found.get("packages")
+    if isinstance(packages, dict):
+        for directory in sorted(k for k in packages if isinstance(k, str)):
+            if _is_versions(packages[directory]):
+                versions.update(packages[directory])
+    if versions:
+        shared["packages"] = versions
+    if _is_digest(found.get("exec_start")):
+        shared["exec_start"] = found["exec_start"]
+    if not shared:
+        return None
+    if _is_digest(found.get("environment")):
+        shared["environment"] = found["environment"]
+    interpreter = found.get("interpreter")
+    identity = interpreter.get("identity") if isinstance(interpreter, dict) else None
+    if isinstance(identity, str) and identity.count(":") >= 3:
+        real, _, size, _ = identity.rsplit(":", 3)
+        shared["interpreter"] = f"{Path(real).name}:{size}"
+    if isinstance(found.get("nvidia_driver"), str):
+        shared["nvidia_driver"] = found["nvidia_driver"]
+    return _digest_of(shared)[:32]
+
+
 def needs_settings(recorded: object) -> bool:
     """Whether comparing `recorded` needs systemd's view of the unit (a D-Bus round trip)."""
     return isinstance(recorded, dict) and any(

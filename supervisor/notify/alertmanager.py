@@ -18,18 +18,19 @@ signature and its own severity travel as annotations, and `severity` is the rout
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ..actions.evidence import ENVIRONMENT_KEY
 from ..config import AlertmanagerConfig, Config
+from ..decide.fleet import host_name
+from ..environment.fingerprint import fleet_digest
 from ..errors import NotifyError
+from ..fleet import fleet_alert
 from ..story import NO_ROOT_CAUSE
 from ..telemetry.http import SinkState
-from ..util.urls import redact, url_problem
-from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
-from .webhook import (
+from ..util.http import (
     MAX_BODY_BYTES,
     bounded,
     encode_json,
@@ -37,6 +38,8 @@ from .webhook import (
     read_bounded,
     unexpected_error,
 )
+from ..util.urls import redact, url_problem
+from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
 
 ALERT_NAME = "VllmSupervisorUnitHalted"
 SEVERITY = "critical"  # a halted unit serves nothing until someone acts: it pages
@@ -67,6 +70,11 @@ def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
     return {"labels": labels, "annotations": {k: v for k, v in annotations.items() if v}}
 
 
+def _label_sets(sent: object) -> list[Any]:
+    """What a unit was sent open as: its alerts' label sets (an earlier version kept one)."""
+    return sent if isinstance(sent, list) else [sent]
+
+
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
@@ -82,12 +90,14 @@ class AlertmanagerSink:
         config: AlertmanagerConfig,
         *,
         host: str,
+        share: bool = False,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._url = config.url  # None: off
         self._problem = url_problem(config.url) if config.url else None  # why it cannot be used
         self._endpoint = (config.url or "").rstrip("/") + "/api/v2/alerts"
         self._host = host
+        self._share = share  # also publish the fleet's alerts (supervisor.fleet)
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         if self.state().state == "on":
@@ -110,23 +120,35 @@ class AlertmanagerSink:
         return SinkState("on")
 
     def render(self, subject: Incidents) -> Round | None:
-        """The firing alerts of what is open, and the resolved ones of what was sent open and is
-        no longer (or is open under other labels); None when there is nothing to say."""
+        """The firing alerts of what is open (each halt's own, and its fleet alert when it is
+        the fleet's business: supervisor.fleet), and the resolved ones of what was sent open
+        and is no longer (or is open under other labels); None when there is nothing to say."""
         now = subject.now
-        firing = {u: alert(u, r, host=self._host) for u, r in subject.open.items()}
+        firing = {u: self._alerts(u, r) for u, r in subject.open.items()}
         ends = _iso(now + 4 * self.pacing.resend_s)
         body = [
             {**a, "startsAt": a["annotations"].get("halted_since") or _iso(now), "endsAt": ends}
-            for a in firing.values()
+            for alerts in firing.values()
+            for a in alerts
         ]
+        open_labels = {u: [a["labels"] for a in alerts] for u, alerts in firing.items()}
         body += [
             {"labels": labels, "startsAt": _iso(now - 1), "endsAt": _iso(now)}
-            for unit, labels in subject.sent.items()
-            if unit not in firing or firing[unit]["labels"] != labels
+            for unit, sent in subject.sent.items()
+            for labels in _label_sets(sent)
+            if labels not in open_labels.get(unit, [])
         ]
         if not body:
             return None
-        return Round(body=body, open={u: a["labels"] for u, a in firing.items()})
+        return Round(body=body, open=open_labels)
+
+    def _alerts(self, unit: str, record: Mapping[str, Any]) -> list[dict[str, Any]]:
+        halted = alert(unit, record, host=self._host)
+        if not self._share:
+            return [halted]
+        environment = fleet_digest(record.get(ENVIRONMENT_KEY))
+        shared = fleet_alert(unit, record, host=self._host, environment=environment)
+        return [halted] if shared is None else [halted, shared]
 
     def resent(self, payload: Round | None) -> Round | None:
         """Unchanged: Alertmanager deduplicates alerts by their labels."""
@@ -187,4 +209,4 @@ class AlertmanagerSink:
 
 def build_sink(config: Config) -> AlertmanagerSink:
     """The Alertmanager sink for `config` (off without `alertmanager.url`)."""
-    return AlertmanagerSink(config.alertmanager, host=socket.gethostname())
+    return AlertmanagerSink(config.alertmanager, host=host_name(config), share=config.fleet.share)

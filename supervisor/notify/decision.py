@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ..fleet import proof_of_rule
 from ..model import ENDINGS, Action, News, Outcome, Rule, Severity, Taken
 
 
@@ -64,6 +65,9 @@ class NotifyReason(StrEnum):
     FOLDED = "folded"  # a crash while the unit's halt stood: that halt's message told it
     PACED = "paced"  # a crash of a loop already paced: the message that began pacing told it
     ELSEWHERE = "elsewhere"  # another host's crash in a shared journal: its own daemon tells it
+    # A halt the fleet shares, with [fleet] share on: the fleet's Alertmanager group tells the
+    # rollout once, naming the hosts (deploy/alertmanager), not each host's webhook.
+    FLEET = "fleet"
 
     @property
     def tells(self) -> bool:
@@ -71,8 +75,11 @@ class NotifyReason(StrEnum):
         return self in (NotifyReason.ALONE, NotifyReason.GROUPED, NotifyReason.BACKLOG)
 
 
-def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> NotifyReason:
-    """Whether and how `outcome` is told."""
+def telling(
+    outcome: Outcome, *, endpoint: bool, notify_transient: bool, fleet_tells: bool = False
+) -> NotifyReason:
+    """Whether and how `outcome` is told; `fleet_tells` when halts the fleet shares go to its
+    Alertmanager ([fleet] share with an [alertmanager] url)."""
     if not endpoint:
         return NotifyReason.OFF
     if outcome.decision.rule is Rule.SERVING_AGAIN:
@@ -81,8 +88,11 @@ def telling(outcome: Outcome, *, endpoint: bool, notify_transient: bool) -> Noti
         return NotifyReason.NOT_NEWS
     if outcome.decision.rule is Rule.OTHER_HOST:
         return NotifyReason.ELSEWHERE  # one host, one voice: recorded here, told there
-    if outcome.already_halted_by is not None and outcome.taken in (Taken.HALTED, Taken.QUARANTINED):
+    halted = outcome.taken in (Taken.HALTED, Taken.QUARANTINED)
+    if outcome.already_halted_by is not None and halted:
         return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
+    if halted and fleet_tells and proof_of_rule(outcome.decision.rule.value) is not None:
+        return NotifyReason.FLEET  # one message per rollout, naming the hosts, not per host
     pace = outcome.decision.pace
     if outcome.taken is Taken.HELD and pace is not None:
         # One message when pacing begins (a transient loop's too), never one per crash.

@@ -130,7 +130,10 @@ def build_notifications(
         sink = factory(config)
         if sink.mode is Mode.EDGE:
             told = ToldLedger(told_path(config.state.runtime_dir, sink.name))
-            edges.append(Outbox(store, sink, metrics, host=host, told=told))
+            fleet_tells = config.fleet.share and config.alertmanager.url is not None
+            edges.append(
+                Outbox(store, sink, metrics, host=host, told=told, fleet_tells=fleet_tells)
+            )
         else:
             levels.append(LevelLoop(sink, store, quarantined, metrics=metrics))
     return Notifications(edges, levels)

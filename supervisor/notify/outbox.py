@@ -119,8 +119,11 @@ class Outbox:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
         told: ToldLedger | None = None,
+        fleet_tells: bool = False,
     ) -> None:
         self._store = store
+        # Halts the fleet shares are told by its Alertmanager's group (supervisor.fleet).
+        self._fleet_tells = fleet_tells
         self.sink = sink
         self._name = sink.name
         self._metrics = metrics
@@ -163,13 +166,13 @@ class Outbox:
         reason = self._telling(outcome)
         if reason is NotifyReason.MUTED:
             self._metrics.notification("dropped", self._name)
-        if reason in (NotifyReason.FOLDED, NotifyReason.PACED):
+        if reason in (NotifyReason.FOLDED, NotifyReason.PACED, NotifyReason.FLEET):
             self._metrics.notification("folded", self._name)
             inv = outcome.invocation
 
             def folded(db: sqlite3.Connection) -> None:
-                # Told by the message of the halt that stands (or of the pacing that began):
-                # the story's one message.
+                # Told by the message of the halt that stands (or of the pacing that began, or
+                # the fleet's group in Alertmanager): the story's one message.
                 History(db).mark_notified([(inv.unit, inv.invocation_id)])
 
             return folded
@@ -187,6 +190,7 @@ class Outbox:
             # Off or unusable: new crashes are not queued (those queued before wait for a fix).
             endpoint=self.sink.state().state == "on",
             notify_transient=self._config.notify_transient,
+            fleet_tells=self._fleet_tells,
         )
 
     def _add(self, db: sqlite3.Connection, outcome: Outcome) -> None:

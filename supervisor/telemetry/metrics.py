@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 # This module is the one place allowed to use prometheus_client (ruff TID251 bans it elsewhere).
 from prometheus_client import (  # noqa: TID251
@@ -31,6 +32,7 @@ from prometheus_client.exposition import (  # noqa: TID251
 )
 
 from .. import __version__
+from ..fleet import proof_of
 from ..model import HALT_RULES, Action, Outcome, Rule, Severity
 
 # `*_created` gauges double every counter's series and nothing of ours reads them. This is
@@ -53,6 +55,9 @@ SOURCE_RESTART_REASONS = ("exited", "no_output", "error", "other")
 ENTRY_INVALID_REASONS = ("unparsable_entry", "invalid_json", "pipeline_error", "other")
 HALT_REASONS = tuple(rule.value for rule in HALT_RULES)
 MAX_GPUS = 64  # PCI addresses with a series of their own
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")  # a crash's (supervisor.classify.fingerprint)
+# The results of a fleet lookup (supervisor.decide.fleet).
+FLEET_RESULTS = ("proof", "none", "unreachable", "no_environment")
 # A start to serving: an 8B model in a minute, a large MoE in 10-20 (weights, compile, graphs).
 _START_BUCKETS = (30, 60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800, 2700, 3600, 5400, 7200)
 HALT_FAILED_REASONS = (
@@ -143,6 +148,16 @@ class Metrics:
             ["pci", "xid"],
         )
         self._gpus: set[str] = set()
+        self._fleet = self._counter(
+            "fleet_lookups_total",
+            "Crashes whose decision asked the fleet's Alertmanager for another host's halt of "
+            "the same crash and environment, by result: proof (one applied), none, "
+            "unreachable (an error or no answer within fleet.timeout_s: decided locally), "
+            "no_environment (this unit's environment could not be read).",
+            ["result"],
+        )
+        for result in FLEET_RESULTS:
+            self._fleet.labels(result)
         self._cursor_gaps = self._counter(
             "journal_cursor_gaps_total",
             "Resumes whose saved cursor's entry was gone (vacuumed): reading went on at the "
@@ -224,6 +239,13 @@ class Metrics:
         self._timed_starts: dict[str, int] = {}  # unit -> the start last observed, microseconds
         self._halted = self._gauge(
             "unit_halted", "1 while the unit is quarantined by the supervisor.", ["unit"]
+        )
+        self._halted_crash = self._gauge(
+            "unit_halted_crash",
+            "1 per halted unit whose halt the fleet shares: the crash's fingerprint, and proof "
+            "'own' (halted on this host's evidence) or 'fleet' (on another host's proof). One "
+            "series per halted unit at most; the fleet view sums it by crash.",
+            ["unit", "crash", "proof"],
         )
         self._holds = self._counter(
             "holds_total",
@@ -503,6 +525,14 @@ class Metrics:
         for unit in quarantined - self._units:
             self.units_halted(unit, True)
 
+    def halted_crashes(self, records: Mapping[str, Mapping[str, Any]]) -> None:
+        """Set `unit_halted_crash` from the quarantine records that exist now."""
+        self._halted_crash.clear()
+        for unit, record in records.items():
+            proof, crash = proof_of(record), record.get("fingerprint")
+            if proof is not None and isinstance(crash, str) and _FINGERPRINT.fullmatch(crash):
+                self._halted_crash.labels(self._unit(unit), crash, proof).set(1)
+
     def running_starts(self, starts: Mapping[str, tuple[int | None, int | None]]) -> None:
         """Set `unit_start_timestamp_seconds` and `unit_serving` of every known unit from the
         tracker's (started, served) of its running invocation, in microseconds. A unit no
@@ -533,6 +563,10 @@ class Metrics:
             pci = OTHER
         self._gpus.add(pci)
         self._gpu_xid.labels(pci, xid).inc()
+
+    def fleet_lookup(self, result: str) -> None:
+        """Count one fleet lookup by its result (FLEET_RESULTS; anything else is 'other')."""
+        self._fleet.labels(result if result in FLEET_RESULTS else OTHER).inc()
 
     def lines_suppressed(self, unit: str | None, count: int) -> None:
         """Count lines journald dropped from a unit (its rate limit)."""
