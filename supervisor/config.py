@@ -178,9 +178,16 @@ class AlertmanagerConfig:
     stays halted as Prometheus re-sends its own; a release resolves it."""
 
     url: str | None = None  # e.g. "http://127.0.0.1:9093"; alerts go to {url}/api/v2/alerts
+    # The other Alertmanagers of an HA cluster: alerts go to each (a cluster gossips silences
+    # and notifications, not alerts), and the fleet reads the first that answers.
+    peers: tuple[str, ...] = ()
     resend_s: float = 60.0  # a firing alert is sent again this often; it ends 4 x this after
     timeout_s: float = 10.0  # one HTTP attempt
     backoff_max_s: float = 60.0  # longest wait between attempts while Alertmanager is down
+
+    def urls(self) -> tuple[str, ...]:
+        """`url` and its peers; none without `url`."""
+        return (self.url, *self.peers) if self.url else ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -431,6 +438,14 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             f"alertmanager.url: not a usable http(s) URL: {problem} (value not shown)"
         )
+    for index, peer in enumerate(config.alertmanager.peers):
+        if (problem := url_problem(peer)) is not None:
+            raise ConfigError(
+                f"alertmanager.peers[{index}]: not a usable http(s) URL: {problem} "
+                "(value not shown)"
+            )
+    if config.alertmanager.peers and url is None:
+        raise ConfigError("alertmanager.peers: set alertmanager.url first (peers go beside it)")
     for key in ("window_s", "timeout_s"):
         _positive(f"fleet.{key}", getattr(config.fleet, key))
     if config.fleet.host and not _HOST_NAME.fullmatch(config.fleet.host):

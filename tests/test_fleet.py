@@ -126,9 +126,9 @@ def ended(reader: Pipeline, lines: list[str], *, ago_s: float = 1.0) -> Ended:
     return reader.examine(inv)
 
 
-def config(url: str, *, host: str, **fleet: Any) -> Config:
+def config(url: str, *, host: str, peers: tuple[str, ...] = (), **fleet: Any) -> Config:
     return Config(
-        alertmanager=AlertmanagerConfig(url=url, resend_s=60.0),
+        alertmanager=AlertmanagerConfig(url=url, peers=peers, resend_s=60.0),
         fleet=FleetConfig(share=True, host=host, **fleet),
     )
 
@@ -145,10 +145,17 @@ def halt_record(
     return record
 
 
-def publish(url: str, record: Mapping[str, Any], *, host: str, sent: Any = None) -> Any:
+def publish(
+    url: str,
+    record: Mapping[str, Any],
+    *,
+    host: str,
+    sent: Any = None,
+    peers: tuple[str, ...] = (),
+) -> Any:
     """What host's daemon posts for the open record (None: the unit released); the identity
     it sent open, for the next round."""
-    sink = AlertmanagerSink(AlertmanagerConfig(url=url), host=host, share=True)
+    sink = AlertmanagerSink(AlertmanagerConfig(url=url, peers=peers), host=host, share=True)
 
     async def once() -> Any:
         subject = Incidents(
@@ -322,6 +329,38 @@ def _proof_for(crash: Ended) -> FleetProof:
         since_s=time.time() - 60,
         crashes=2,
     )
+
+
+class TestAnHAPair:
+    def test_alerts_go_to_each_peer_and_any_peer_answers(
+        self, tmp_path: Path, classifier: Pipeline
+    ) -> None:
+        """Alertmanager's cluster gossips silences, not alerts: the sink posts to each peer,
+        and with one peer down the other still holds the proof."""
+        first = Alertmanager(tmp_path / "am1", free_port())
+        second = Alertmanager(tmp_path / "am2", free_port())
+        try:
+            first.start()
+            second.start()
+            crash = ended(classifier, UNKNOWN)
+            publish(first.url, halt_record(crash), host="gpu-12", peers=(second.url,))
+            assert len(first.alerts(FLEET_ALERT)) == len(second.alerts(FLEET_ALERT)) == 1
+            first.stop()
+            cfg = config(first.url, host="gpu-13", peers=(second.url,))
+            evidence, counted, _ = read_proof(cfg, crash)
+            assert counted == ["proof"] and evidence.fleet is not None
+        finally:
+            first.stop()
+            second.stop()
+
+    def test_peers_need_a_url_and_each_is_checked(self, tmp_path: Path) -> None:
+        path = tmp_path / "c.toml"
+        path.write_text('[alertmanager]\npeers = ["http://127.0.0.1:9093"]\n')
+        with pytest.raises(ConfigError, match=r"alertmanager\.peers: set alertmanager\.url"):
+            load_config(path)
+        path.write_text('[alertmanager]\nurl = "http://127.0.0.1:9093"\npeers = ["ftp://x"]\n')
+        with pytest.raises(ConfigError, match=r"alertmanager\.peers\[0\]"):
+            load_config(path)
 
 
 class TestWhenTheStoreFails:

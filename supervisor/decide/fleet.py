@@ -70,15 +70,15 @@ class FleetEvidence:
     @property
     def on(self) -> bool:
         """Whether crashes ask the fleet at all."""
-        return self._url is not None
+        return self._urls != ()
 
     def entries(self, batch: list[JournalEntry]) -> list[JournalEntry]:
         return batch
 
     def reconfigure(self, config: Config) -> None:
         fleet = config.fleet
-        url = config.alertmanager.url
-        self._url = url.rstrip("/") if fleet.share and url else None
+        urls = config.alertmanager.urls()
+        self._urls = tuple(url.rstrip("/") for url in urls) if fleet.share else ()
         self._host = host_name(config)
         self._window_s = fleet.window_s
         self._timeout_s = fleet.timeout_s
@@ -140,10 +140,25 @@ class FleetEvidence:
         return self._clock() - ended_s <= self._act_window_s  # a backlog's crash is history
 
     async def _alerts(self, crash: str, digest: str) -> object:
-        """The matching alerts (JSON); raises when Alertmanager does not give them."""
+        """The matching alerts of the first Alertmanager of the cluster to answer (each holds
+        every daemon's alerts: they are sent to each); raises when none does."""
         params = {"filter": filters(crash, digest), "active": "true"}
+        asked = [asyncio.ensure_future(self._get(f"{u}/api/v2/alerts", params)) for u in self._urls]
+        failed: BaseException = RuntimeError("no Alertmanager")
+        try:
+            for answer in asyncio.as_completed(asked):  # at once: one peer hanging costs nothing
+                try:
+                    return await answer
+                except Exception as exc:  # another peer may answer
+                    failed = exc
+            raise failed
+        finally:
+            for task in asked:
+                task.cancel()
+
+    async def _get(self, endpoint: str, params: dict[str, Any]) -> object:
         client = self._connection()
-        async with client.stream("GET", f"{self._url}/api/v2/alerts", params=params) as reply:
+        async with client.stream("GET", endpoint, params=params) as reply:
             body = await read_bounded(reply, MAX_REPLY_BYTES)
             if not reply.is_success:
                 text = one_line(body[:200].decode("utf-8", "replace"))
@@ -166,7 +181,9 @@ class FleetEvidence:
         )
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._url or "")
+        for url in self._urls:
+            text = redact(text, url)
+        return text
 
 
 def host_name(config: Config) -> str:

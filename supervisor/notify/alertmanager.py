@@ -14,6 +14,11 @@ deploy/prometheus/alerts.yml), so where both are configured Alertmanager dedupli
 one alert and one notification per halt. Labels are only what the rule can know too: the crash's
 signature and its own severity travel as annotations, and `severity` is the routing one
 (`critical`: a unit is down).
+
+With `[fleet] share` on, a halt the fleet shares also fires `VllmSupervisorFleetHalt`
+(supervisor.fleet: the crash's and the environment's fingerprints as labels), which the other
+hosts read and the shipped route groups per crash. Every alert goes to each Alertmanager of an
+HA cluster (`url` and `peers`): a cluster gossips silences, not alerts.
 """
 
 from __future__ import annotations
@@ -94,8 +99,10 @@ class AlertmanagerSink:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._url = config.url  # None: off
-        self._problem = url_problem(config.url) if config.url else None  # why it cannot be used
-        self._endpoint = (config.url or "").rstrip("/") + "/api/v2/alerts"
+        self._urls = config.urls()  # its HA peers too: they gossip silences, not alerts
+        # Why one cannot be used (config validation refuses it; a hand-built config may not).
+        self._problem = next((p for u in self._urls if (p := url_problem(u))), None)
+        self._endpoints = [u.rstrip("/") + "/api/v2/alerts" for u in self._urls]
         self._host = host
         self._share = share  # also publish the fleet's alerts (supervisor.fleet)
         self._transport = transport
@@ -178,14 +185,24 @@ class AlertmanagerSink:
         return self._client
 
     async def _post(self, content: bytes, timeout_s: float) -> NotifyError | None:
-        """One POST; None when Alertmanager took it, else a classified, redacted error."""
+        """One POST to every Alertmanager of the cluster (as Prometheus sends to each); None
+        when every one took it, else the first classified, redacted error (the round is
+        retried: Alertmanager deduplicates an alert sent twice by its labels)."""
+        errors = [
+            await self._post_one(endpoint, content, timeout_s) for endpoint in self._endpoints
+        ]
+        return next((error for error in errors if error is not None), None)
+
+    async def _post_one(
+        self, endpoint: str, content: bytes, timeout_s: float
+    ) -> NotifyError | None:
         import httpx
 
         headers = {"Content-Type": "application/json"}
         try:
             client = self._connection()
             async with client.stream(
-                "POST", self._endpoint, content=content, headers=headers, timeout=timeout_s
+                "POST", endpoint, content=content, headers=headers, timeout=timeout_s
             ) as r:
                 if r.is_success:
                     return None
@@ -204,7 +221,9 @@ class AlertmanagerSink:
         return NotifyError(f"HTTP {r.status_code}: {text}", reason=reason, retryable=retryable)
 
     def _redact(self, text: str) -> str:
-        return redact(text, self._url or "")
+        for url in self._urls:
+            text = redact(text, url)
+        return text
 
 
 def build_sink(config: Config) -> AlertmanagerSink:
