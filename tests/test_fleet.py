@@ -11,6 +11,7 @@ import dataclasses
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -62,6 +63,7 @@ from vllm_supervisor.notify.sink import Incidents
 from vllm_supervisor.pipeline import Pipeline
 
 UNIT = "vllm.service"
+UNIT_HALTED = "VllmSupervisorUnitHalted"
 PREFIX = "(EngineCore_DP0 pid=6200) ERROR 11-30 11:00:09 [core.py:708]"
 # An unknown crash with its cause named and no clue either way: halted by repetition alone.
 UNKNOWN = [
@@ -586,6 +588,18 @@ class TestTwoDaemons:
             )
             wait_for(lambda: second.notified() == [1], timeout=30, what="gpu-2's crash told")
             assert slack.count() == 1  # both halts went to the fleet's group, not to Slack
+            # A release on gpu-1 withdraws its proof (and its halt alert); gpu-2's stays.
+            first.release()
+            wait_for(
+                lambda: (
+                    [a["labels"]["host"] for a in alertmanager.alerts(FLEET_ALERT)] == ["gpu-2"]
+                ),
+                timeout=30,
+                what="gpu-1's proof resolved",
+            )
+            assert [a["labels"]["host"] for a in alertmanager.alerts(UNIT_HALTED)] == ["gpu-2"]
+            unreadable = [e for e in first.daemon.events() if e["event"] == "state_row_unreadable"]
+            assert unreadable == []
         finally:
             for daemon in daemons:
                 daemon.stop_quietly()
@@ -612,6 +626,13 @@ class _Host:
 
     def rules(self) -> list[str]:
         return [str(row["decision"]["rule"]) for row in self.history()]
+
+    def release(self) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "vllm_supervisor", "release", UNIT, "--config",
+             str(self.daemon.config)],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
 
     def notified(self) -> list[int]:
         return [row[0] for row in db_rows(self.root / "state", "SELECT notified FROM history")]

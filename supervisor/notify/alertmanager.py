@@ -76,8 +76,11 @@ def alert(unit: str, record: Mapping[str, Any], *, host: str) -> dict[str, Any]:
 
 
 def _label_sets(sent: object) -> list[Any]:
-    """What a unit was sent open as: its alerts' label sets (an earlier version kept one)."""
-    return sent if isinstance(sent, list) else [sent]
+    """What a unit was sent open as: its alerts' label sets, by alert name (an earlier version
+    kept the one alert's labels themselves)."""
+    if isinstance(sent, dict) and sent and all(isinstance(v, dict) for v in sent.values()):
+        return list(sent.values())
+    return [sent]
 
 
 def _iso(seconds: float) -> str:
@@ -138,12 +141,17 @@ class AlertmanagerSink:
             for alerts in firing.values()
             for a in alerts
         ]
-        open_labels = {u: [a["labels"] for a in alerts] for u, alerts in firing.items()}
+        # A unit's identity: its alerts' labels by alert name (a JSON object, as the incident
+        # table keeps one).
+        open_labels = {
+            u: {a["labels"]["alertname"]: a["labels"] for a in alerts}
+            for u, alerts in firing.items()
+        }
         body += [
             {"labels": labels, "startsAt": _iso(now - 1), "endsAt": _iso(now)}
             for unit, sent in subject.sent.items()
             for labels in _label_sets(sent)
-            if labels not in open_labels.get(unit, [])
+            if labels not in open_labels.get(unit, {}).values()
         ]
         if not body:
             return None
