@@ -18,7 +18,7 @@ import json
 import socket
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +104,13 @@ def container(tmp_path: Path) -> Iterator[Container]:
 
 
 @contextlib.contextmanager
-def deployed_container(tmp_path: Path) -> Iterator[Container]:
-    """Boot a container with the shipped deploy files (also used by `bench.exit_latency`)."""
+def deployed_container(
+    tmp_path: Path, writable: Sequence[tuple[str | Path, str]] = ()
+) -> Iterator[Container]:
+    """Boot a container with the shipped deploy files (also used by `bench.exit_latency`);
+    `writable` binds (host path, container path) outlive it, as a disk outlives a reboot."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
+    bindir.mkdir(exist_ok=True)
     wrapper = bindir / "vllm-supervisor"
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
@@ -128,7 +131,7 @@ def deployed_container(tmp_path: Path) -> Iterator[Container]:
         (DEPLOY / "sysusers.d/vllm-supervisor.conf", "/etc/sysusers.d/vllm-supervisor.conf"),
         (DEPLOY / "catalog", "/opt/vsup/catalog"),
     ]
-    with booted_container(binds, workdir=tmp_path) as booted:
+    with booted_container(binds, workdir=tmp_path, writable=writable) as booted:
         yield booted
 
 
