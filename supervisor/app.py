@@ -33,6 +33,7 @@ from .actions.quarantine import (
 from .actions.sdnotify import Notifier, watchdog_interval
 from .actions.systemd import SystemdClient
 from .actions.unitnames import RealNames
+from .actions.unitsettings import unit_gpus_of
 from .actions.unitwatch import UnitWatch
 from .classify.signatures import SignatureTable
 from .classify.table import load_table
@@ -201,6 +202,7 @@ async def _run(
     xids = XidEvidence(
         xid_catalog,
         counted=metrics.gpu_xid,
+        gpus_of=lambda unit: unit_gpus_of(control, unit),
         lookup=None
         if not journal.kernel
         else lambda since, until: read_driver_lines(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 from ..environment.fingerprint import UnitSettings
+from ..environment.gpus import NVIDIA_GPUS, driver_gpus, unit_gpus
 from ..environment.unit_view import UnitView, paths_of
 from ..errors import SystemdError
 from .systemd import SERVICE_IFACE, UNIT_IFACE, SystemdClient, ask_once
@@ -49,6 +51,27 @@ async def unit_settings(client: SystemdClient, unit: str) -> UnitSettings | None
         raise SystemdError(
             f"{unit}: unexpected property types: {exc}", reason="dbus_error", retryable=False
         ) from exc
+
+
+GPUS_TIMEOUT_S = 0.5  # a crash near an Xid waits this long at most to learn the unit's GPUs
+
+
+async def unit_gpus_of(
+    client: SystemdClient | None, unit: str, *, gpus_root: Path = NVIDIA_GPUS
+) -> frozenset[str] | None:
+    """The GPUs `unit` sees (supervisor.environment.gpus: device keys); None when that cannot
+    be known (no systemd, no answer in time, no CUDA_VISIBLE_DEVICES it can map). Never
+    raises: an Xid then joins whatever GPU logged it, as before."""
+    if client is None:
+        return None
+    try:
+        async with asyncio.timeout(GPUS_TIMEOUT_S):
+            settings = await unit_settings(client, unit)
+    except (SystemdError, TimeoutError):
+        return None
+    if settings is None:
+        return None
+    return unit_gpus(settings.environment, await asyncio.to_thread(driver_gpus, gpus_root))
 
 
 def ask_unit_settings(unit: str, *, timeout_s: float) -> UnitSettings | None:

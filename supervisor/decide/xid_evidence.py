@@ -9,7 +9,9 @@ end). `xid_verdict` then makes the Xid the root cause, the engine's error what i
 the severity the catalog's (config/xid.toml): a reset or a reboot needed is fatal (halted at
 the 1st crash; the halt lifts after a reboot, supervisor.actions.evidence), NVIDIA's "restart
 the application" is transient. An Xid of another host or boot, or outside the window, is never
-joined; a crash without one is decided as before.
+joined; a crash without one is decided as before. Where the unit's own GPUs can be known (its
+CUDA_VISIBLE_DEVICES mapped through the driver's table: supervisor.environment.gpus), only their
+Xids are joined: another unit's GPU faulting next to this crash is not its cause.
 
 The daemon counts every Xid it reads (`vllm_supervisor_gpu_xid_total{pci, xid}`), whether or
 not an engine crashed; `triage` of a saved journal reads its kernel lines the same way.
@@ -21,7 +23,7 @@ import asyncio
 import dataclasses
 import re
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import structlog
@@ -30,6 +32,7 @@ from ..classify.fingerprint import fingerprint
 from ..classify.logline import parse_line
 from ..classify.xid import XidCatalog, XidLine, load_xid_catalog, parse_xid
 from ..config import Config
+from ..environment.gpus import device_key
 from ..errors import ConfigError
 from ..journal.kernel import KernelLine
 from ..model import (
@@ -63,8 +66,12 @@ class XidEvidence:
         counted: Callable[[str, str], None] | None = None,
         window_s: float = WINDOW_S,
         lookup: Callable[[float, float], list[KernelLine]] | None = None,
+        gpus_of: Callable[[str], Awaitable[frozenset[str] | None]] | None = None,
     ) -> None:
         self.catalog = catalog
+        # The unit's GPUs (supervisor.environment.gpus: device keys), None when unknown: an Xid
+        # of another unit's GPU is not this crash's cause.
+        self._gpus_of = gpus_of
         self._counted = counted
         # The kernel's lines between two times, read at once: the follower may not have read
         # the Xid yet when the crash is decided (both read the journal as it grows).
@@ -128,15 +135,36 @@ class XidEvidence:
             since = (first - self._window_us) / 1e6
             lines = await asyncio.to_thread(self._lookup, since, inv.ended_us / 1e6 + 1)
             self.note_all(lines)
-        return self._joined(ended, evidence, first)
+        joined = self._joined(ended, evidence, first)
+        if joined.xid is None or self._gpus_of is None:
+            return joined
+        gpus = await self._gpus_of(inv.unit or "")
+        if gpus is None or device_key(joined.xid.pci) in gpus:
+            return joined
+        log.info(
+            "gpu_xid_not_this_units",
+            unit=inv.unit,
+            pci=joined.xid.pci,
+            xid=joined.xid.code,
+            gpus=sorted(gpus),
+        )
+        return self._joined(ended, evidence, first, only=gpus)
 
     def joined(self, ended: Ended, evidence: Evidence) -> Evidence:
         """`evidence` with the Xid the crash's host and boot logged just before its first
         error; unchanged when there is none (or the invocation's boot is not known)."""
         return self._joined(ended, evidence, None)
 
-    def _joined(self, ended: Ended, evidence: Evidence, first: int | None) -> Evidence:
-        """`joined`, given the first error line's time when it was read already."""
+    def _joined(
+        self,
+        ended: Ended,
+        evidence: Evidence,
+        first: int | None,
+        *,
+        only: frozenset[str] | None = None,
+    ) -> Evidence:
+        """`joined`, given the first error line's time when it was read already; with `only`,
+        among the Xids of those GPUs (device keys) alone."""
         inv = ended.invocation
         if not inv.failed or inv.boot_id is None or inv.ended_us is None:
             return evidence
@@ -149,6 +177,7 @@ class XidEvidence:
             and (inv.host is None or line.host is None or line.host == inv.host)
             and line.realtime_us <= ended_us
             and ended_us - line.realtime_us <= self._window_us + _TAIL_S * 1_000_000
+            and (only is None or device_key(xid.pci) in only)
         ]
         if not near:
             return evidence
