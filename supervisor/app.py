@@ -267,7 +267,9 @@ async def _run(
     def before_scrape() -> None:
         installed.wake()  # units configured by a reload are asked about
         refresh_halted()
-        metrics.running_starts(daemon.pipeline.tracker.running_starts(daemon.machine_id))
+        tracker = daemon.pipeline.tracker
+        metrics.running_starts(tracker.running_starts(daemon.machine_id))
+        metrics.start_phases(tracker.running_phases(daemon.machine_id))
 
     refresh_halted()
     metrics.reader_memory(reader.memory_bytes)

@@ -314,3 +314,50 @@ def test_each_start_to_serving_is_observed_once() -> None:
     metrics.start_served("vllm.service", start + 10**9, start + 10**9 + 1_200_000_000)
     samples = parse(metrics.exposition()[0].decode())
     assert value(samples, name + "_count", unit="vllm.service") == 2
+
+
+PHASE = "vllm_supervisor_unit_start_phase"
+# vLLM V1's lines of a start's phases, in its order (the wording of 0.11's loggers; the corpus
+# holds the weights and KV cache ones from real runs).
+PHASE_LINES = [
+    ("(EngineCore_DP0 pid=5201) INFO 12-02 10:01:09 [parallel_state.py:1208] world_size=1 rank=0"
+     " local_rank=0 distributed_init_method=tcp://127.0.0.1:41235", "distributed_init"),
+    ("(EngineCore_DP0 pid=5201) INFO 12-02 10:01:10 [gpu_model_runner.py:2602] Starting to load"
+     " model meta-llama/Llama-3.1-8B-Instruct...", "weights"),
+    ("(EngineCore_DP0 pid=5201) INFO 12-02 10:01:41 [backends.py:548] Dynamo bytecode transform"
+     " time: 6.12 s", "compile"),
+    ("(EngineCore_DP0 pid=5201) INFO 12-02 10:02:02 [gpu_worker.py:298] Available KV cache"
+     " memory: 53.66 GiB", "kv_cache"),
+    ("(EngineCore_DP0 pid=5201) INFO 12-02 10:02:03 [gpu_model_runner.py:3480] Capturing CUDA"
+     " graphs (mixed prefill-decode, PIECEWISE): 100%|██████████| 67/67", "cuda_graphs"),
+]  # fmt: skip
+
+
+def test_a_start_names_the_phase_it_is_in_until_it_serves() -> None:
+    """The last phase line read is the running start's phase, exported while it does not
+    serve (the stalled-start alert names it); serving ends it."""
+    tracker, here = InvocationTracker(), "b" * 32
+    metrics = Metrics(new_registry(process=False))
+    metrics.register_units([UNIT])
+    metrics.unit_loaded(UNIT, True)
+    tracker.feed(_pid1(0, here, "2" * 32, LifecycleEvent.STARTING))
+    for n, (text, phase) in enumerate(PHASE_LINES, start=1):
+        tracker.feed(_line(n, here, "2" * 32, text))
+        assert tracker.running_phases(here) == {UNIT: phase}
+        metrics.start_phases(tracker.running_phases(here))
+        samples = parse(metrics.exposition()[0].decode())
+        assert value(samples, PHASE, unit=UNIT, phase=phase) == 1
+    tracker.feed(_line(9, here, "2" * 32, SERVING_LINE))
+    assert tracker.running_phases(here) == {}
+    metrics.start_phases(tracker.running_phases(here))
+    assert PHASE not in metrics.exposition()[0].decode().replace(f"# HELP {PHASE}", "").replace(
+        f"# TYPE {PHASE}", ""
+    )
+
+
+@given(text=st.text(max_size=200))
+def test_no_line_crashes_the_phase_reading(text: str) -> None:
+    from vllm_supervisor.environment.serving import start_phase
+
+    assert start_phase(text) in (None, "download", "distributed_init", "weights", "compile",
+                                 "kv_cache", "cuda_graphs", "warmup")  # fmt: skip

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..util.files import data_path
-from .schema import EngineProfile, LineRule, PrefixRule, engine_error, read_engine_file
+from .schema import (
+    EngineProfile,
+    LineRule,
+    PhaseRule,
+    PrefixRule,
+    engine_error,
+    read_engine_file,
+)
 
 ENV_ENGINE_DIR = "VLLM_SUPERVISOR_ENGINES"
 Listener = Callable[["Engines"], None]
@@ -90,6 +97,10 @@ class Engines:
     @property
     def death(self) -> tuple[LineRule, ...]:
         return tuple(rule for p in self.profiles for rule in p.death)
+
+    @property
+    def phases(self) -> tuple[PhaseRule, ...]:
+        return tuple(rule for p in self.profiles for rule in p.phases)
 
     @property
     def prefixes(self) -> tuple[PrefixRule, ...]:

@@ -42,11 +42,17 @@ _KEYS: Mapping[str, type] = MappingProxyType(
         "port_lines": list,
         "serving": list,
         "death": list,
+        "phase": list,
         "prefix": list,
     }
 )
 _REQUIRED = ("name",)
 _RULE_KEYS = ("pattern", "hints")
+_PHASE_KEYS = ("name", *_RULE_KEYS)
+# A start's phases, named alike across engines: a metric label's values (bounded).
+PHASES = (
+    "download", "distributed_init", "weights", "compile", "kv_cache", "cuda_graphs", "warmup",
+)  # fmt: skip
 _PREFIX_KEYS = ("position", "starts", "pattern", "levels")
 # Where a prefix stands and the character class its first character is in: logline.py tries a
 # line's prefixes by that class, so a line tries only the few that can match.
@@ -70,6 +76,14 @@ class LineRule:
 
     pattern: str
     hints: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseRule(LineRule):
+    """A line that says which phase of its start the engine is in (weights, CUDA graphs, ...):
+    the last one read names where a start that does not serve is stuck."""
+
+    name: str  # one of PHASES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +127,7 @@ class EngineProfile:
     port_lines: tuple[str, ...] = ()  # a bind error's port, in the regex's one group
     serving: tuple[LineRule, ...] = ()
     death: tuple[LineRule, ...] = ()
+    phases: tuple[PhaseRule, ...] = ()
     prefixes: tuple[PrefixRule, ...] = ()
 
 
@@ -227,19 +242,35 @@ def _table(item: Any, key: str, allowed: tuple[str, ...], where: _Where) -> Mapp
 
 def _rules(raw: Mapping[str, Any], key: str, where: _Where) -> tuple[LineRule, ...]:
     """`[[serving]]` or `[[death]]`: each a pattern and the hints its lines hold."""
-    rules: list[LineRule] = []
-    for index, item in enumerate(raw.get(key, [])):
-        at = f"{key}[{index}]"
-        table = _table(item, at, _RULE_KEYS, where)
-        pattern = table.get("pattern")
-        if not isinstance(pattern, str) or not pattern:
-            raise where.error(f"{at}.pattern", "missing (required): a regex")
-        _compile(pattern, f"{at}.pattern", where)
-        hints = table.get("hints")
-        if not isinstance(hints, list) or not hints:
-            raise where.error(f"{at}.hints", "missing (required): literals its lines hold")
-        rules.append(LineRule(pattern=pattern, hints=_strings(table, "hints", _Nested(where, at))))
-    return tuple(rules)
+    return tuple(
+        _rule(_table(item, f"{key}[{index}]", _RULE_KEYS, where), f"{key}[{index}]", where)
+        for index, item in enumerate(raw.get(key, []))
+    )
+
+
+def _rule(table: Mapping[str, Any], at: str, where: _Where) -> LineRule:
+    pattern = table.get("pattern")
+    if not isinstance(pattern, str) or not pattern:
+        raise where.error(f"{at}.pattern", "missing (required): a regex")
+    _compile(pattern, f"{at}.pattern", where)
+    hints = table.get("hints")
+    if not isinstance(hints, list) or not hints:
+        raise where.error(f"{at}.hints", "missing (required): literals its lines hold")
+    return LineRule(pattern=pattern, hints=_strings(table, "hints", _Nested(where, at)))
+
+
+def _phases(raw: Mapping[str, Any], where: _Where) -> tuple[PhaseRule, ...]:
+    """`[[phase]]`: a name of PHASES, and a rule as `[[serving]]`'s."""
+    phases: list[PhaseRule] = []
+    for index, item in enumerate(raw.get("phase", [])):
+        at = f"phase[{index}]"
+        table = _table(item, at, _PHASE_KEYS, where)
+        name = table.get("name")
+        if name not in PHASES:
+            raise where.error(f"{at}.name", f"expected one of {', '.join(PHASES)} (got {name!r})")
+        rule = _rule(table, at, where)
+        phases.append(PhaseRule(name=name, pattern=rule.pattern, hints=rule.hints))
+    return tuple(phases)
 
 
 class _Nested(_Where):
@@ -347,6 +378,7 @@ def parse_engine(raw: Mapping[str, Any], path: Path) -> EngineProfile:
         port_lines=_port_lines(raw, where),
         serving=_rules(raw, "serving", where),
         death=_rules(raw, "death", where),
+        phases=_phases(raw, where),
         prefixes=_prefixes(raw, path.stem, where),
     )
 

@@ -1,4 +1,5 @@
-"""Whether a served unit's line says the server is up and answering requests."""
+"""Whether a served unit's line says the server is up and answering requests, or which phase
+of its start it is in."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ _ASGI_SERVING = (
 _ASGI_HINTS = ("startup complete.", "Uvicorn running on", "HTTP/1.1")
 _SERVING: re.Pattern[str]
 _SERVING_HINTS: tuple[str, ...]
+_PHASES: tuple[tuple[re.Pattern[str], str], ...]
+_PHASE_HINTS: tuple[str, ...]
 
 
 def _use_engines(engines: Engines) -> None:
-    """The serving lines of the ASGI server and of every engine file (profiles.follow)."""
-    global _SERVING, _SERVING_HINTS
+    """The serving lines of the ASGI server and of every engine file, and the engines' start
+    phases (profiles.follow)."""
+    global _SERVING, _SERVING_HINTS, _PHASES, _PHASE_HINTS
     patterns = (*_ASGI_SERVING, *patterns_of(engines.serving))
     _SERVING = re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
     _SERVING_HINTS = tuple(dict.fromkeys((*_ASGI_HINTS, *hints_of(engines.serving))))
+    _PHASES = tuple((re.compile(rule.pattern), rule.name) for rule in engines.phases)
+    _PHASE_HINTS = hints_of(engines.phases)
 
 
 follow(_use_engines)
@@ -36,3 +42,12 @@ def is_serving_line(text: str) -> bool:
     if not any(hint in text for hint in _SERVING_HINTS):
         return False
     return _SERVING.search(_ANSI.sub("", text).strip()) is not None
+
+
+def start_phase(text: str) -> str | None:
+    """The phase of its start a line says the engine is in (`[[phase]]`: weights, CUDA graphs,
+    ...), or None for a line that says none."""
+    if not any(hint in text for hint in _PHASE_HINTS):
+        return None
+    clean = _ANSI.sub("", text)
+    return next((name for pattern, name in _PHASES if pattern.search(clean)), None)

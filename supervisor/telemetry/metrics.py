@@ -32,6 +32,7 @@ from prometheus_client.exposition import (  # noqa: TID251
 )
 
 from .. import __version__
+from ..engines.schema import PHASES
 from ..fleet import proof_of
 from ..model import HALT_RULES, Action, Outcome, Rule, Severity
 
@@ -269,6 +270,13 @@ class Metrics:
             "unit_serving",
             "1 once the unit's running invocation printed its engine's serving line, else 0.",
             ["unit"],
+        )
+        self._phase = self._gauge(
+            "unit_start_phase",
+            "1 for the phase of its start (an engine file's [[phase]]: download, weights, "
+            "compile, kv_cache, cuda_graphs, ...) the unit's running invocation last named, "
+            "while it does not serve yet; no series otherwise. The stalled-start alert says it.",
+            ["unit", "phase"],
         )
         self._hung = self._counter(
             "hung_engines_total",
@@ -545,6 +553,14 @@ class Metrics:
             self._start.labels(unit).set(started / 1e6 if started else 0)
             self._serving.labels(unit).set(1 if served is not None else 0)
             self.start_served(unit, started, served)
+
+    def start_phases(self, phases: Mapping[str, str]) -> None:
+        """Set `unit_start_phase` from the tracker's phases of the running starts (known,
+        supervised units only; a phase no engine file names is not a label)."""
+        self._phase.clear()
+        for unit, phase in phases.items():
+            if unit in self._supervised and unit in self._units and phase in PHASES:
+                self._phase.labels(unit, phase).set(1)
 
     def start_served(self, unit: str | None, started: int | None, served: int | None) -> None:
         """Observe a start's time to its first serving line, once per start (read while it

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..config import TrackerConfig
-from ..environment.serving import is_serving_line
+from ..environment.serving import is_serving_line, start_phase
 from ..journal.cursor import monotonic_seconds_between
 from ..model import Ending, Invocation, JournalEntry, LifecycleEvent, field_int
 from .retention import KeptLines
@@ -109,6 +109,7 @@ class Run:
     start_seen: bool = False  # PID 1's "Starting"/"Started" of it was read
     control_killed: bool = False  # a control process (the gate) was killed before the main ran
     served_us: int | None = None
+    phase: str | None = None  # the last phase of its start its lines named, before it served
     end_message: str | None = None
     restart_of: str | None = None
     restart_scheduled: int | None = None
@@ -150,8 +151,11 @@ class Run:
         pid = entry.pid
         if pid is not None and pid not in self.pids and len(self.pids) < _PIDS_REMEMBERED:
             self.pids.add(pid)
-        if self.served_us is None and is_serving_line(entry.message):
-            self.served_us = entry.realtime_us
+        if self.served_us is None:
+            if is_serving_line(entry.message):
+                self.served_us = entry.realtime_us
+            elif (phase := start_phase(entry.message)) is not None:
+                self.phase = phase
         self.lines.add((seq, entry.message, pid, entry.priority, entry.realtime_us))
 
     def touch(self, entry: JournalEntry) -> None:

@@ -194,6 +194,18 @@ class InvocationTracker:
                 starts[unit] = (run.started_us if run.start_seen else None), run.served_us
         return starts
 
+    def running_phases(self, host: str = "") -> dict[str, str]:
+        """The start phase (`[[phase]]`) each unit's running invocation on `host` last named,
+        for those not serving yet that named one."""
+        phases: dict[str, str] = {}
+        for (on, unit), runs in self._units.items():
+            if host and on and on != host:
+                continue
+            run = runs.newest_running()
+            if unit is not None and run is not None and run.served_us is None and run.phase:
+                phases.setdefault(unit, run.phase)
+        return phases
+
     def forget_all_but(self, units: frozenset[str]) -> None:
         """Drop what is kept of every other unit (a reload stopped supervising it): none of
         its entries is read meanwhile, so a run of it kept now would be stale if it came back."""
