@@ -49,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from bench.live import children_of, status_kb
 from vllm_supervisor.commands.demo import make_venv
 from vllm_supervisor.journal.writer import EntryFactory, JournalWriter, crashed_invocation
 
@@ -200,11 +201,11 @@ class Host:
         """The unit's next start, crashing with `lines` (systemd 252's entries)."""
         assert self.writer is not None
         serial = self.starts[unit] = self.starts.get(unit, 0) + 1
-        self.writer.write(
-            crashed_invocation(
-                unit, lines, restarts=serial, invocation_id=uuid.uuid4().hex, pid=4000 + serial
-            )
+        entries = crashed_invocation(
+            unit, lines, restarts=serial, invocation_id=uuid.uuid4().hex, pid=4000 + serial
         )
+        now_us = int(time.time() * 1e6)  # written now, as journald stamps them
+        self.writer.write([{**entry, "__REALTIME_TIMESTAMP": now_us} for entry in entries])
 
     def decisions(self, unit: str) -> list[dict[str, Any]]:
         """The unit's decisions so far, oldest first (read-only; [] while the file is new)."""
@@ -226,8 +227,8 @@ class Host:
     def rss_mb(self) -> tuple[float, float]:
         """The daemon's RSS and its children's (the reader), in MB."""
         assert self.process is not None
-        own = _status_kb(self.process.pid)
-        children = sum(_status_kb(pid) for pid in _children(self.process.pid))
+        own = status_kb(self.process.pid, "VmRSS")
+        children = sum(status_kb(pid, "VmRSS") for pid in children_of(self.process.pid))
         return own / 1024, children / 1024
 
     def stop(self) -> None:
@@ -382,10 +383,20 @@ def memory(hosts: list[Host]) -> dict[str, float]:
 
 
 def run(
-    count: int, *, repeat_limit: int, group_wait: str, group_interval: str, outage_starts: int
+    count: int,
+    *,
+    repeat_limit: int,
+    group_wait: str,
+    group_interval: str,
+    outage_starts: int,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="vllm-supervisor-fleet-") as tmp:
-        root = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vsup-fleet-")))
+        else:
+            root = keep
+            root.mkdir(parents=True)
         python = make_venv(root / "venv", [("vllm", "0.11.0", ()), ("torch", "2.9.0", ())])
         slack, receiver = Counter(), Counter()
         result: dict[str, Any] = {"hosts": count, "repeat_limit": repeat_limit}
@@ -455,24 +466,6 @@ def _seconds(duration: str) -> float:
     raise SystemExit(f"not a duration: {duration!r} (e.g. 30s, 1m)")
 
 
-def _status_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            found += [int(p) for p in path.read_text().split()]
-    return found
-
-
 def _text(result: dict[str, Any]) -> str:
     roll, base, told = result["rollout"], result["baseline_no_sharing"], result["notifications"]
     return "\n".join(
@@ -501,6 +494,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--group-wait", default="30s", help="the shipped route's is 30s")
     parser.add_argument("--group-interval", default="1m", help="the shipped route's is 5m")
     parser.add_argument("--outage-starts", type=int, default=3)
+    parser.add_argument(
+        "--keep", type=Path, help="a new directory for the hosts' journals and state, kept"
+    )
     args = parser.parse_args(argv)
     result = run(
         args.hosts,
@@ -508,6 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         group_wait=args.group_wait,
         group_interval=args.group_interval,
         outage_starts=args.outage_starts,
+        keep=args.keep,
     )
     print(json.dumps(result, indent=2) if args.format == "json" else _text(result))
     return 0

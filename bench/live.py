@@ -91,8 +91,8 @@ def measure_idle(seconds: float, follower: str = SUPERVISOR) -> dict[str, Any]:
         before = _switches(pid)
         time.sleep(seconds)  # the idle window being measured
         after = _switches(pid)
-        memory = {key: _status_kb(pid, key) for key in ("VmRSS", "RssAnon")}
-        child_rss = sum(_status_kb(child, "VmRSS") for child in _children(pid))
+        memory = {key: status_kb(pid, key) for key in ("VmRSS", "RssAnon")}
+        child_rss = sum(status_kb(child, "VmRSS") for child in children_of(pid))
     return {
         "follower": follower,
         "seconds": seconds,
@@ -149,7 +149,7 @@ def _following(follower: str) -> Iterator[_Run]:
             finish_remote(remote)
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     """The children of every thread of `pid` (a peer's journalctl is its thread's child)."""
     children: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -163,7 +163,7 @@ def _children(pid: int) -> list[int]:
 def _switches(pid: int) -> int:
     """Context switches of every thread of `pid` and of its children (their wake-ups)."""
     total = 0
-    for process in (pid, *_children(pid)):
+    for process in (pid, *children_of(pid)):
         for task in Path(f"/proc/{process}/task").glob("*"):
             try:
                 status = (task / "status").read_text()
@@ -175,7 +175,7 @@ def _switches(pid: int) -> int:
     return total
 
 
-def _status_kb(pid: int, key: str) -> int:
+def status_kb(pid: int, key: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):
@@ -415,7 +415,7 @@ class _Window:
     @staticmethod
     def _sample() -> tuple[float, float, float]:
         me = resource.getrusage(resource.RUSAGE_SELF)
-        children = sum(_on_cpu_s(child) for child in _children(os.getpid()))
+        children = sum(_on_cpu_s(child) for child in children_of(os.getpid()))
         return time.monotonic(), me.ru_utime + me.ru_stime, children
 
 
