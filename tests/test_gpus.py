@@ -17,7 +17,12 @@ from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.classify.xid import load_xid_catalog
 from vllm_supervisor.config import Config, UnitConfig
 from vllm_supervisor.decide.xid_evidence import XidEvidence
-from vllm_supervisor.environment.gpus import device_key, driver_gpus, unit_gpus
+from vllm_supervisor.environment.gpus import (
+    device_key,
+    driver_gpus,
+    gpus_asked_about,
+    unit_gpus,
+)
 from vllm_supervisor.journal.kernel import KernelLine
 from vllm_supervisor.model import Evidence, Phase
 from vllm_supervisor.pipeline import Pipeline
@@ -92,6 +97,15 @@ class TestWhichGpus:
     def test_no_table_is_no_gpus(self, tmp_path: Path) -> None:
         assert driver_gpus(tmp_path / "absent") == {}
 
+    def test_a_gpu_gone_from_the_table_leaves_the_mapping_unknown(self, tmp_path: Path) -> None:
+        """A GPU that fell off the bus may leave the driver's table: the indexes after it
+        would then name the wrong GPUs, so nothing is restricted (the Xid joins as before)."""
+        gpus = driver_gpus(driver_table(tmp_path))
+        env = ["CUDA_VISIBLE_DEVICES=2,3"]
+        assert gpus_asked_about(env, gpus, "0000:86:00") == {"0000:86:00", "0000:af:00"}
+        del gpus["0000:86:00"]
+        assert gpus_asked_about(env, gpus, "0000:86:00") is None
+
 
 @given(env=st.lists(st.text(max_size=40), max_size=6), pci=st.text(max_size=30))
 def test_no_environment_and_no_address_crashes_the_mapping(env: list[str], pci: str) -> None:
@@ -122,7 +136,7 @@ def joined_xid(
     )
     asked: list[str] = []
 
-    async def gpus_of(unit: str) -> frozenset[str] | None:
+    async def gpus_of(unit: str, pci: str) -> frozenset[str] | None:
         asked.append(unit)
         return unit_gpus_known
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..environment.fingerprint import UnitSettings
-from ..environment.gpus import NVIDIA_GPUS, driver_gpus, unit_gpus
+from ..environment.gpus import NVIDIA_GPUS, driver_gpus, gpus_asked_about
 from ..environment.unit_view import UnitView, paths_of
 from ..errors import SystemdError
 from .systemd import SERVICE_IFACE, UNIT_IFACE, SystemdClient, ask_once
@@ -57,21 +57,22 @@ GPUS_TIMEOUT_S = 0.5  # a crash near an Xid waits this long at most to learn the
 
 
 async def unit_gpus_of(
-    client: SystemdClient | None, unit: str, *, gpus_root: Path = NVIDIA_GPUS
+    client: SystemdClient | None, unit: str, pci: str, *, gpus_root: Path = NVIDIA_GPUS
 ) -> frozenset[str] | None:
-    """The GPUs `unit` sees (supervisor.environment.gpus: device keys); None when that cannot
-    be known (no systemd, no answer in time, no CUDA_VISIBLE_DEVICES it can map). Never
-    raises: an Xid then joins whatever GPU logged it, as before."""
+    """The GPUs `unit` sees (supervisor.environment.gpus: device keys), asked about the GPU
+    `pci` an Xid named; None when that cannot be known: no systemd, no answer in time, no
+    CUDA_VISIBLE_DEVICES it can map, or `pci` not in the driver's table now. Never raises:
+    the Xid then joins whatever GPU logged it, as before."""
     if client is None:
         return None
     try:
         async with asyncio.timeout(GPUS_TIMEOUT_S):
             settings = await unit_settings(client, unit)
+            # The driver may be in recovery right now: its table is read within the bound too.
+            table = await asyncio.to_thread(driver_gpus, gpus_root)
     except (SystemdError, TimeoutError):
         return None
-    if settings is None:
-        return None
-    return unit_gpus(settings.environment, await asyncio.to_thread(driver_gpus, gpus_root))
+    return None if settings is None else gpus_asked_about(settings.environment, table, pci)
 
 
 def ask_unit_settings(unit: str, *, timeout_s: float) -> UnitSettings | None:

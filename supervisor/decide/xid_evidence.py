@@ -66,12 +66,14 @@ class XidEvidence:
         counted: Callable[[str, str], None] | None = None,
         window_s: float = WINDOW_S,
         lookup: Callable[[float, float], list[KernelLine]] | None = None,
-        gpus_of: Callable[[str], Awaitable[frozenset[str] | None]] | None = None,
+        gpus_of: Callable[[str, str], Awaitable[frozenset[str] | None]] | None = None,
+        machine_id: str = "",
     ) -> None:
         self.catalog = catalog
         # The unit's GPUs (supervisor.environment.gpus: device keys), None when unknown: an Xid
         # of another unit's GPU is not this crash's cause.
         self._gpus_of = gpus_of
+        self._machine_id = machine_id  # whose units' GPUs `gpus_of` can tell
         self._counted = counted
         # The kernel's lines between two times, read at once: the follower may not have read
         # the Xid yet when the crash is decided (both read the journal as it grows).
@@ -138,7 +140,9 @@ class XidEvidence:
         joined = self._joined(ended, evidence, first)
         if joined.xid is None or self._gpus_of is None:
             return joined
-        gpus = await self._gpus_of(inv.unit or "")
+        if self._machine_id and inv.host and inv.host != self._machine_id:
+            return joined  # another machine's unit: its GPUs cannot be asked here
+        gpus = await self._gpus_of(inv.unit or "", joined.xid.pci)
         if gpus is None or device_key(joined.xid.pci) in gpus:
             return joined
         log.info(

@@ -90,6 +90,15 @@ def unit_gpus(
     return frozenset(ordered[index] for index in indexes)
 
 
+def gpus_asked_about(
+    environment: Sequence[str], gpus: Mapping[str, Mapping[str, str]], pci: str
+) -> frozenset[str] | None:
+    """`unit_gpus`, asked about the GPU `pci` an Xid named: None as well when that GPU is not
+    in the driver's table now (one that fell off the bus may leave it, and every index after it
+    would map to the wrong GPU)."""
+    return unit_gpus(environment, gpus) if device_key(pci) in gpus else None
+
+
 def _assignments(environment: Sequence[str]) -> dict[str, str]:
     """Environment= assignments as a mapping (the last of a name wins, as systemd's does)."""
     found: dict[str, str] = {}
