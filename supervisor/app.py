@@ -202,7 +202,8 @@ async def _run(
     xids = XidEvidence(
         xid_catalog,
         counted=metrics.gpu_xid,
-        gpus_of=lambda unit: unit_gpus_of(control, unit),
+        gpus_of=lambda unit, pci: unit_gpus_of(control, unit, pci),
+        machine_id=machine_id,
         lookup=None
         if not journal.kernel
         else lambda since, until: read_driver_lines(
@@ -217,6 +218,7 @@ async def _run(
             unit, control, python=daemon.config.unit(unit).python
         ),
         counted=metrics.fleet_lookup,
+        machine_id=machine_id,
     )
     kernel = KernelSource(xids.note, journalctl=journal.journalctl, directory=journal.directory)
     reader = journal_reader(config, store.load_checkpoint(), metrics)

@@ -198,7 +198,10 @@ class FleetConfig:
     shares are told by that Alertmanager's group, once per crash, not by the Slack webhook."""
 
     share: bool = False  # publish this host's halts and read the others'
-    host: str = ""  # this host's name in the alerts; empty: the machine's hostname
+    # This host's name in every alert it sends (the halt's and the fleet's); empty: the
+    # machine's hostname, which the shipped Prometheus rule derives from `instance`: another
+    # name must match it, or the rule's alert and the daemon's are not one.
+    host: str = ""
     window_s: float = 21600.0  # a proof older than this (6 h) is no proof
     timeout_s: float = 0.5  # the longest a crash's decision waits for Alertmanager's answer
 

@@ -9,11 +9,13 @@ digest of what the unit ran with, supervisor.environment.fingerprint.fleet_diges
 fatal, a repeat), `fleet` for one that rested on another host's proof. Only `own` is proof: a
 halt that rested on a proof proves nothing more, so a fleet never keeps itself halted. As in
 Alertmanager's inhibit rules, `EQUAL` names the labels whose values must be the same in the
-proof and in the crash it is applied to. What is shared is fingerprints and hashes, never a
-log line, a path or a secret.
+proof and in the crash it is applied to.
 
-Halts that rest on the host itself (a port another process holds, an address not assigned,
-the GPU's Xid) are never published: another host's port says nothing of this one.
+Halts that rest on the host itself (a port another process holds, an address not assigned, a
+path not there, the GPU's Xid: the record's evidence) are never published: another host's port
+says nothing of this one. The labels are fingerprints and hashes only; the annotations carry
+what the halt's own alert (VllmSupervisorUnitHalted) always did: its title, its root-cause line
+and the fix, escaped and bounded.
 """
 
 from __future__ import annotations
@@ -43,17 +45,26 @@ _PROOF_OF: Mapping[str, str] = {
 _HEX = re.compile(r"[0-9a-f]{8,64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9@:._\\-]{0,254}")
 MAX_PROOFS = 1000  # alerts read from one reply, at most
+# A proof's daemon re-sends it every `alertmanager.resend_s` (60 s by default, at most a few
+# minutes): one Alertmanager has not heard of for this long is no live halt's.
+FRESH_S = 900.0
+CLOCK_SKEW_S = 300.0  # hosts' clocks may differ this much; a start later than that is forged
+# Evidence kinds a halt rests on that are the host's own state: never the fleet's business.
+HOST_LOCAL_EVIDENCE = frozenset({"port_held", "address_missing", "missing_path", "gpu_xid"})
 
 
-def proof_of_rule(rule: str) -> str | None:
-    """`own` or `fleet` for a halt by `rule` that the fleet shares; None for one that rests
-    on this host alone."""
+def proof_of_halt(rule: str, evidence: object) -> str | None:
+    """`own` or `fleet` for a halt by `rule`, resting on `evidence` (the record's: what can
+    lift it), that the fleet shares; None for one that rests on this host alone: a port, an
+    address, a path or a GPU of its own (an inferred fatal may rest on one)."""
+    if isinstance(evidence, Mapping) and evidence.get("kind") in HOST_LOCAL_EVIDENCE:
+        return None
     return _PROOF_OF.get(rule)
 
 
 def proof_of(record: Mapping[str, Any]) -> str | None:
-    """`proof_of_rule` of a quarantine record's rule (a record may hold anything)."""
-    return _PROOF_OF.get(str(record.get("rule")))
+    """`proof_of_halt` of a quarantine record (a record may hold anything)."""
+    return proof_of_halt(str(record.get("rule")), record.get("evidence"))
 
 
 def fleet_alert(
@@ -105,22 +116,34 @@ def filters(crash: str, environment: str) -> list[str]:
 
 
 def proofs(
-    body: object, *, crash: str, environment: str, not_host: str, since_s: float
+    body: object,
+    *,
+    crash: str,
+    environment: str,
+    not_host: str,
+    now: float,
+    window_s: float,
 ) -> list[FleetProof]:
     """The proofs in Alertmanager's reply (GET /api/v2/alerts) that apply here: another host's
-    own halt of this very crash and environment, begun at or after `since_s`, still active.
-    Anything else in the reply (other alerts, malformed ones) is passed over; never raises."""
+    own halt of this very crash and environment, begun within `window_s` before `now` (not
+    after it), and kept alive by its daemon: Alertmanager's own `updatedAt` (set when it
+    last received the alert, which a halted host's daemon re-sends every `resend_s`) within
+    FRESH_S. So a proof posted once with a start in 2099 proves nothing for long. Anything else
+    in the reply (other alerts, malformed ones) is passed over; never raises."""
     if not isinstance(body, list):
         return []
     found: list[FleetProof] = []
     for alert in body[:MAX_PROOFS]:
         proof = _proof(alert)
+        updated = _time(alert.get("updatedAt")) if isinstance(alert, dict) else None
         if (
             proof is not None
             and proof.crash == crash
             and proof.environment == environment
             and proof.host != not_host
-            and proof.since_s >= since_s
+            and now - window_s <= proof.since_s <= now + CLOCK_SKEW_S
+            and updated is not None
+            and now - FRESH_S <= updated <= now + CLOCK_SKEW_S
         ):
             found.append(proof)
     return sorted(found, key=lambda p: (p.since_s, p.host))

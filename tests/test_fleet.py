@@ -355,6 +355,18 @@ class TestAnHAPair:
             first.stop()
             second.stop()
 
+    def test_one_instance_down_still_delivers_and_a_release_resolves_on_the_other(
+        self, alertmanager: Alertmanager, classifier: Pipeline
+    ) -> None:
+        """A round is delivered when one instance took it: what was sent is remembered, so a
+        release still resolves the proof on the instance that is up."""
+        down = f"http://127.0.0.1:{free_port()}"
+        crash = ended(classifier, UNKNOWN)
+        sent = publish(alertmanager.url, halt_record(crash), host="gpu-12", peers=(down,))
+        assert sent is not None and alertmanager.alerts(FLEET_ALERT)
+        publish(alertmanager.url, {}, host="gpu-12", sent=sent, peers=(down,))
+        wait_for(lambda: not alertmanager.alerts(FLEET_ALERT), timeout=10, what="resolved")
+
     def test_peers_need_a_url_and_each_is_checked(self, tmp_path: Path) -> None:
         path = tmp_path / "c.toml"
         path.write_text('[alertmanager]\npeers = ["http://127.0.0.1:9093"]\n')
@@ -425,6 +437,43 @@ class TestThePolicy:
         evidence = Evidence(phase=START, fleet=_proof_for(crash))
         assert decide(crash, evidence).action is Action.ALLOW_RESTART
 
+    def test_a_unit_that_halts_on_nothing_inferred_is_not_halted_by_a_proof(
+        self, classifier: Pipeline
+    ) -> None:
+        """`halt_inferred = false`: its operator wants its own repeats and signatures alone."""
+        crash = ended(classifier, UNKNOWN)
+        unit = UnitConfig(name=UNIT, halt_inferred=False)
+        strict = Pipeline(Config(units=(unit,)), TABLE)
+        evidence = Evidence(phase=START, fleet=_proof_for(crash))
+        assert strict.decide(crash, evidence).decision.action is Action.ALLOW_RESTART
+
+    def test_another_machines_crash_is_not_looked_up(
+        self, alertmanager: Alertmanager, classifier: Pipeline
+    ) -> None:
+        """A journal directory of several hosts: this host's daemon reads its own units'
+        environment, so another machine's crash asks nothing."""
+        crash = ended(classifier, UNKNOWN)
+        publish(alertmanager.url, halt_record(crash), host="gpu-12")
+        theirs = dataclasses.replace(
+            crash, invocation=dataclasses.replace(crash.invocation, host="f" * 32)
+        )
+        counted: list[str] = []
+
+        async def environment_of(_unit: str) -> dict[str, Any] | None:
+            return ENVIRONMENT
+
+        async def once() -> Evidence:
+            cfg = config(alertmanager.url, host="gpu-13")
+            hook = FleetEvidence(
+                cfg, environment=environment_of, counted=counted.append, machine_id="a" * 32
+            )
+            try:
+                return await hook.evidence(theirs, Evidence(phase=START))
+            finally:
+                await hook.aclose()
+
+        assert asyncio.run(once()).fleet is None and counted == []
+
     def test_a_proof_of_another_crash_never_halts(self, classifier: Pipeline) -> None:
         crash, other = ended(classifier, UNKNOWN), ended(classifier, OTHER_CRASH)
         evidence = Evidence(phase=START, fleet=_proof_for(other))
@@ -459,12 +508,50 @@ class TestThePolicy:
         assert told(failed) is NotifyReason.ALONE  # a halt that failed is news here
 
 
+class TestHostLocalHalts:
+    @pytest.mark.parametrize("kind", ["address_missing", "missing_path", "port_held", "gpu_xid"])
+    def test_a_halt_on_the_hosts_own_state_is_not_published_and_goes_to_slack(
+        self, classifier: Pipeline, kind: str
+    ) -> None:
+        """An inferred fatal that rests on an address, a path, a port or a GPU of this host
+        (the record's evidence) is no proof for another host, and its own Slack tells it."""
+        crash = ended(classifier, UNKNOWN)
+        record = {**halt_record(crash, rule=Rule.INFERRED_FATAL), "evidence": {"kind": kind}}
+        assert fleet_alert(UNIT, record, host="gpu-12", environment="e" * 32) is None
+
+    def test_an_address_halt_is_told_by_slack_with_sharing_on(self) -> None:
+        bind = [
+            "(APIServer pid=1) ERROR 12-05 10:00:09 [api_server.py:1] OSError: [Errno 99] error"
+            " while attempting to bind on address ('10.9.9.9', 8000): cannot assign requested"
+            " address"
+        ]
+        crash = ended(pipeline(), bind)
+        decision = Decision(action=Action.HALT, reason="address", rule=Rule.INFERRED_FATAL)
+        verdict = dataclasses.replace(
+            crash.reading, captures={"address": "10.9.9.9"}, root_cause=bind[0]
+        )
+        outcome = Outcome(
+            invocation=crash.invocation, verdict=verdict, decision=decision, taken=Taken.HALTED
+        )
+        told = telling(outcome, endpoint=True, notify_transient=True, fleet_tells=True)
+        assert told is NotifyReason.ALONE
+
+
 class TestTheDigest:
     def test_the_hosts_of_a_rollout_share_it_and_a_version_changes_it(self) -> None:
         assert fleet_digest(ENVIRONMENT) == fleet_digest(ON_ANOTHER_HOST) is not None
         assert fleet_digest(UPGRADED) != fleet_digest(ENVIRONMENT)
         assert fleet_digest({"nvidia_driver": "570"}) is None  # too little to compare
         assert fleet_digest("not a fingerprint") is None
+
+    def test_an_environment_file_counts_and_one_unread_keeps_the_unit_out(self) -> None:
+        """`--model ${MODEL}` from a per-host EnvironmentFile=: different content, different
+        digest; a file the daemon could not read cannot be compared: no digest."""
+        a, b = "a" * 64, "b" * 64
+        with_a = {**ENVIRONMENT, "environment_files": {"/etc/default/vllm": a}}
+        with_b = {**ENVIRONMENT, "environment_files": {"/etc/default/vllm": b}}
+        assert fleet_digest(with_a) != fleet_digest(with_b)
+        assert fleet_digest({**ENVIRONMENT, "environment_files": {"/etc/x": "unread"}}) is None
 
 
 def test_a_fleet_host_name_is_checked(tmp_path: Path) -> None:
@@ -500,7 +587,9 @@ ALERTS = st.lists(
 
 @given(body=ALERTS | JSON)
 def test_no_reply_crashes_the_reader_and_only_a_whole_proof_counts(body: Any) -> None:
-    found = proofs(body, crash="a" * 16, environment="e" * 32, not_host="gpu-13", since_s=0)
+    found = proofs(
+        body, crash="a" * 16, environment="e" * 32, not_host="gpu-13", now=2e9, window_s=2e9
+    )
     for proof in found:
         assert proof.crash == "a" * 16 and proof.environment == "e" * 32
         assert proof.host != "gpu-13"
@@ -520,12 +609,38 @@ def test_an_alert_read_back_is_the_proof_it_was_written_as(classifier: Pipeline)
     crash = ended(classifier, UNKNOWN)
     made = fleet_alert(UNIT, halt_record(crash), host="gpu-12", environment="e" * 32)
     assert made is not None
-    reply = [{**made, "startsAt": "2026-12-05T10:02:03.123456789Z"}]
-    (proof,) = proofs(
-        reply, crash=crash.reading.fingerprint or "", environment="e" * 32, not_host="h", since_s=0
-    )
+    at = datetime(2026, 12, 5, 10, 2, 3, 123456, UTC).timestamp()
+    reply = [
+        {
+            **made,
+            "startsAt": "2026-12-05T10:02:03.123456789Z",
+            "updatedAt": "2026-12-05T10:03:00.5Z",
+        }
+    ]
+    asked = {"crash": crash.reading.fingerprint or "", "environment": "e" * 32, "not_host": "h"}
+    (proof,) = proofs(reply, **asked, now=at + 120, window_s=3600)
     assert (proof.host, proof.unit, proof.crashes) == ("gpu-12", UNIT, 2)
-    assert proof.since_s == datetime(2026, 12, 5, 10, 2, 3, 123456, UTC).timestamp()
+    assert proof.since_s == at
+
+
+def test_a_proof_posted_once_or_dated_ahead_proves_nothing(classifier: Pipeline) -> None:
+    """Alertmanager's own `updatedAt` says when it last heard of the alert: a halted host's
+    daemon re-sends it every resend_s, a proof posted once goes stale within FRESH_S; and a
+    start later than now (past clock skew) is forged."""
+    crash = ended(classifier, UNKNOWN)
+    made = fleet_alert(UNIT, halt_record(crash), host="gpu-12", environment="e" * 32)
+    assert made is not None
+    now = datetime(2026, 12, 5, 12, 0, tzinfo=UTC).timestamp()
+    asked = {"crash": crash.reading.fingerprint or "", "environment": "e" * 32, "not_host": "h"}
+
+    def read(starts: str, updated: str) -> int:
+        reply = [{**made, "startsAt": starts, "updatedAt": updated}]
+        return len(proofs(reply, **asked, now=now, window_s=6 * 3600))
+
+    assert read("2026-12-05T11:00:00Z", "2026-12-05T11:59:00Z") == 1  # a live halt
+    assert read("2026-12-05T11:00:00Z", "2026-12-05T11:30:00Z") == 0  # posted once, stale
+    assert read("2099-01-01T00:00:00Z", "2026-12-05T11:59:00Z") == 0  # dated ahead
+    assert read("2026-12-05T11:00:00Z", "not a time") == 0
 
 
 def test_the_crash_is_one_only_repetition_halts() -> None:

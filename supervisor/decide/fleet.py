@@ -6,8 +6,10 @@ an alert (supervisor.fleet, written by the Alertmanager sink every daemon alread
 `FleetEvidence` is the hook that reads it back: at a crash the policy would let restart (an
 unknown crash, not leaning transient), it asks Alertmanager (API v2, `GET /api/v2/alerts` with
 label matchers) for another host's own halt of the same crash fingerprint in the same
-environment digest, begun within `fleet.window_s` and not resolved (a `release` on that host
-resolves it). The policy then halts at this first crash (rule `fleet_proof`), citing the proof.
+environment digest, begun within `fleet.window_s`, kept alive by its daemon and not resolved
+(a `release` on that host resolves it; supervisor.fleet.proofs). The policy then halts at this
+first crash (rule `fleet_proof`), citing the proof. Only this machine's crashes ask: the
+environment read is this machine's units'.
 
 Alertmanager is the store because the fleet runs it already; no new server, no gossip of our
 own. Its API is readable by any daemon and its alerts carry labels Alertmanager can filter on.
@@ -31,10 +33,11 @@ import structlog
 from ..config import Config
 from ..environment.fingerprint import fleet_digest
 from ..fleet import filters, proofs
-from ..model import Basis, Confidence, Ended, Evidence, JournalEntry, Severity
+from ..model import Basis, Ended, Evidence, FleetProof, JournalEntry, Severity
 from ..util.http import one_line, read_bounded
 from ..util.jsontext import loads
 from ..util.urls import redact
+from .policy import names_no_cause
 
 if TYPE_CHECKING:
     import httpx
@@ -59,8 +62,10 @@ class FleetEvidence:
         counted: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
+        machine_id: str = "",
     ) -> None:
         self._environment = environment
+        self._machine_id = machine_id  # this host's: its units' environment is read here
         self._counted = counted or (lambda _result: None)
         self._clock = clock
         self._transport = transport
@@ -86,30 +91,31 @@ class FleetEvidence:
 
     async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
         """`evidence` with the fleet's proof for this crash, when one applies; unchanged when
-        none does, the crash is not one a proof could decide, or the fleet does not answer."""
+        none does, the crash is not one a proof could decide, or the fleet does not answer.
+        The unit's environment is read within half of `fleet.timeout_s`, Alertmanager asked
+        within what is left."""
         inv, crash = ended.invocation, ended.reading.fingerprint
         if not self.on or crash is None or not self._worth_asking(ended, evidence):
             return evidence
+        started = time.monotonic()
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(self._timeout_s / 2):
                 digest = fleet_digest(await self._environment(inv.unit or ""))
-                if digest is None:
-                    self._counted("no_environment")
-                    return evidence
-                body = await self._alerts(crash, digest)
+        except Exception:  # a timeout or a fault of our own: nothing to compare
+            digest = None
+        if digest is None:
+            self._counted("no_environment")
+            return evidence
+        left = max(0.05, self._timeout_s - (time.monotonic() - started))
+        try:
+            async with asyncio.timeout(left):
+                found = await self._proofs(crash, digest)
         except TimeoutError:
             self._unanswered(inv.unit, f"no answer within {self._timeout_s:g} s")
             return evidence
         except Exception as exc:  # the store's fault is never the daemon's
             self._unanswered(inv.unit, self._redact(f"{type(exc).__name__}: {exc}"))
             return evidence
-        found = proofs(
-            body,
-            crash=crash,
-            environment=digest,
-            not_host=self._host,
-            since_s=self._clock() - self._window_s,
-        )
         self._counted("proof" if found else "none")
         if not found:
             return evidence
@@ -134,23 +140,41 @@ class FleetEvidence:
             return False
         if reading.severity is Severity.FATAL and reading.basis is Basis.SIGNATURE:
             return False
-        if reading.confidence is Confidence.LOW and reading.leaning is not Severity.FATAL:
+        if names_no_cause(inv, reading):
             return False  # no line names its cause: the policy never halts on it
+        if self._machine_id and inv.host and inv.host != self._machine_id:
+            return False  # another machine's crash in a shared journal: not this unit's
         ended_s = (inv.ended_us or 0) / 1e6
         return self._clock() - ended_s <= self._act_window_s  # a backlog's crash is history
 
-    async def _alerts(self, crash: str, digest: str) -> object:
-        """The matching alerts of the first Alertmanager of the cluster to answer (each holds
-        every daemon's alerts: they are sent to each); raises when none does."""
+    async def _proofs(self, crash: str, digest: str) -> list[FleetProof]:
+        """The proofs the Alertmanagers of the cluster hold, asked at once (one hanging costs
+        nothing): the first reply that holds one; [] when every one answered without; raises
+        when none answered (an instance that just restarted empty answers, and is not all)."""
         params = {"filter": filters(crash, digest), "active": "true"}
         asked = [asyncio.ensure_future(self._get(f"{u}/api/v2/alerts", params)) for u in self._urls]
-        failed: BaseException = RuntimeError("no Alertmanager")
+        failed: BaseException | None = None
+        answered = False
         try:
-            for answer in asyncio.as_completed(asked):  # at once: one peer hanging costs nothing
+            for answer in asyncio.as_completed(asked):
                 try:
-                    return await answer
-                except Exception as exc:  # another peer may answer
+                    body = await answer
+                except Exception as exc:  # another instance may answer
                     failed = exc
+                    continue
+                answered = True
+                found = proofs(
+                    body,
+                    crash=crash,
+                    environment=digest,
+                    not_host=self._host,
+                    now=self._clock(),
+                    window_s=self._window_s,
+                )
+                if found:
+                    return found
+            if answered or failed is None:
+                return []
             raise failed
         finally:
             for task in asked:

@@ -32,7 +32,8 @@ Rules, in order:
    missed one costs a reload.
    Another host's recent, unreleased halt of the same crash (fingerprint) with the same
    environment (supervisor.decide.fleet) halts at the first crash (`fleet_proof`), unless this
-   crash leans transient or names no cause: that host's repetitions are this one's.
+   crash leans transient or names no cause, or the unit halts on nothing inferred
+   (`halt_inferred = false`): that host's repetitions are this one's.
 7. A crash allowed to restart (rules 4 to 6) is paced (supervisor.decide.pacing): from the 2nd
    crash in a row of starts that ended within `pace_reset_s` (10 minutes), the decision is
    `hold`, the next start waiting a delay that doubles with each further crash up to the unit's
@@ -271,9 +272,10 @@ class RestartPolicy:
         proof = evidence.fleet
         if (
             proof is not None
+            and rules.halt_inferred  # a unit that halts on its own repeats and signatures alone
             and proof.crash == fingerprint
             and verdict.leaning is not Severity.TRANSIENT
-            and not _names_no_cause(invocation, verdict)
+            and not names_no_cause(invocation, verdict)
         ):
             return Decision(
                 action=Action.HALT,
@@ -282,7 +284,7 @@ class RestartPolicy:
                 rule=Rule.FLEET_PROOF,
                 crashes=streak.count,
             )
-        if streak.count >= limit and _names_no_cause(invocation, verdict):
+        if streak.count >= limit and names_no_cause(invocation, verdict):
             return Decision(
                 action=Action.ALLOW_RESTART,
                 reason=f"the same crash (fingerprint {fingerprint}) ended {streak.count} "
@@ -346,7 +348,7 @@ class RestartPolicy:
 _ENDINGS_THAT_NAME_A_CAUSE = frozenset({"timeout", "watchdog", "core-dump"})
 
 
-def _names_no_cause(invocation: Invocation, verdict: Verdict) -> bool:
+def names_no_cause(invocation: Invocation, verdict: Verdict) -> bool:
     """No error line of the invocation names its cause: the classifier's root cause is a
     guess, a wrapper that points elsewhere, a warning or systemd's exit record (low
     confidence), its words lean nowhere, and the ending is no cause's own record either."""

@@ -110,10 +110,12 @@ def changes(
 def fleet_digest(found: object) -> str | None:
     """One hash of what the hosts of one rollout share of a fingerprint (`take`): the
     distributions and their versions (wherever the venv lies), the interpreter's build (its
-    file name and size, not its inode or mtime), the driver, and the ExecStart= and
-    Environment= digests. Unit and environment files are left out (a host's own drop-in may
-    pin its GPUs). None when it holds neither packages nor an ExecStart=: too little to say
-    two hosts run the same thing. Never raises: a record read back may hold anything."""
+    file name and size, not its inode or mtime), the driver, the ExecStart= and Environment=
+    digests, and each EnvironmentFile='s content (`--model ${MODEL}` may come from one). The
+    unit files themselves are left out: what they say that matters, systemd's loaded
+    ExecStart= and Environment= say. None when it holds neither packages nor an ExecStart=
+    (too little to say two hosts run the same thing), or when an EnvironmentFile= could not be
+    read (its content may differ). Never raises: a record read back may hold anything."""
     if not isinstance(found, dict):
         return None
     shared: dict[str, Any] = {}
@@ -131,6 +133,12 @@ def fleet_digest(found: object) -> str | None:
         return None
     if _is_digest(found.get("environment")):
         shared["environment"] = found["environment"]
+    files = found.get("environment_files")
+    if isinstance(files, dict) and files:
+        states = {path: state for path, state in files.items() if isinstance(path, str)}
+        if any(state is not None and not _is_digest(state) for state in states.values()):
+            return None  # unread (or malformed): two hosts' files cannot be compared
+        shared["environment_files"] = states
     interpreter = found.get("interpreter")
     identity = interpreter.get("identity") if isinstance(interpreter, dict) else None
     if isinstance(identity, str) and identity.count(":") >= 3:

@@ -23,9 +23,12 @@ HA cluster (`url` and `peers`): a cluster gossips silences, not alerts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+import structlog
 
 from ..actions.evidence import ENVIRONMENT_KEY
 from ..config import AlertmanagerConfig, Config
@@ -45,6 +48,8 @@ from ..util.http import (
 )
 from ..util.urls import redact, url_problem
 from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
+
+_log = structlog.get_logger(__name__)
 
 ALERT_NAME = "VllmSupervisorUnitHalted"
 SEVERITY = "critical"  # a halted unit serves nothing until someone acts: it pages
@@ -193,13 +198,17 @@ class AlertmanagerSink:
         return self._client
 
     async def _post(self, content: bytes, timeout_s: float) -> NotifyError | None:
-        """One POST to every Alertmanager of the cluster (as Prometheus sends to each); None
-        when every one took it, else the first classified, redacted error (the round is
-        retried: Alertmanager deduplicates an alert sent twice by its labels)."""
-        errors = [
-            await self._post_one(endpoint, content, timeout_s) for endpoint in self._endpoints
-        ]
-        return next((error for error in errors if error is not None), None)
+        """One POST to every Alertmanager of the cluster at once (as Prometheus sends to each);
+        None when one took it at least, else the first classified, redacted error. One
+        instance down does not fail the round: what it missed, a resolved alert included,
+        reaches the others, and the next rounds bring it what is still firing."""
+        posts = (self._post_one(endpoint, content, timeout_s) for endpoint in self._endpoints)
+        errors = await asyncio.gather(*posts)
+        failed = [error for error in errors if error is not None]
+        if failed and len(failed) < len(errors):
+            _log.warning("alertmanager_peer_failed", error=str(failed[0]), peers=len(failed))
+            return None
+        return failed[0] if failed else None
 
     async def _post_one(
         self, endpoint: str, content: bytes, timeout_s: float
@@ -236,4 +245,7 @@ class AlertmanagerSink:
 
 def build_sink(config: Config) -> AlertmanagerSink:
     """The Alertmanager sink for `config` (off without `alertmanager.url`)."""
+    # One name for this host in every alert: `fleet.host`, by default the machine's hostname,
+    # which is what the shipped Prometheus rule takes from `instance` (so the two deduplicate,
+    # and the fleet's alert inhibits the halt's own by host and unit).
     return AlertmanagerSink(config.alertmanager, host=host_name(config), share=config.fleet.share)

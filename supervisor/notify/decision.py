@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..fleet import proof_of_rule
+from ..actions.evidence import evidence_of
+from ..fleet import proof_of_halt
 from ..model import ENDINGS, Action, News, Outcome, Rule, Severity, Taken
 
 
@@ -91,7 +92,7 @@ def telling(
     halted = outcome.taken in (Taken.HALTED, Taken.QUARANTINED)
     if outcome.already_halted_by is not None and halted:
         return NotifyReason.FOLDED  # a halt that failed is news, whatever stood before
-    if halted and fleet_tells and proof_of_rule(outcome.decision.rule.value) is not None:
+    if halted and fleet_tells and _fleet_tells_it(outcome):
         return NotifyReason.FLEET  # one message per rollout, naming the hosts, not per host
     pace = outcome.decision.pace
     if outcome.taken is Taken.HELD and pace is not None:
@@ -103,6 +104,13 @@ def telling(
     if is_backlog(key):
         return NotifyReason.BACKLOG
     return NotifyReason.GROUPED if notify_transient else NotifyReason.MUTED
+
+
+def _fleet_tells_it(outcome: Outcome) -> bool:
+    """The halt has a fleet alert to tell it: a rule the fleet shares, on no evidence of the
+    host's own state, and a crash fingerprint to group by."""
+    rule, evidence = outcome.decision.rule.value, evidence_of(outcome)
+    return proof_of_halt(rule, evidence) is not None and bool(outcome.verdict.fingerprint)
 
 
 def dedupe_key(outcome: Outcome) -> str | None:
