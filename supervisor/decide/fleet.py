@@ -36,8 +36,9 @@ from ..fleet import filters, proofs
 from ..model import Basis, Ended, Evidence, FleetProof, JournalEntry, Severity
 from ..util.http import one_line, read_bounded
 from ..util.jsontext import loads
-from ..util.urls import redact
+from ..util.urls import redact_all
 from .policy import names_no_cause
+from .port_evidence import crash_here_now
 
 if TYPE_CHECKING:
     import httpx
@@ -62,7 +63,7 @@ class FleetEvidence:
         counted: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         transport: httpx.AsyncBaseTransport | None = None,
-        machine_id: str = "",
+        machine_id: str | None = None,
     ) -> None:
         self._environment = environment
         self._machine_id = machine_id  # this host's: its units' environment is read here
@@ -87,7 +88,7 @@ class FleetEvidence:
         self._host = host_name(config)
         self._window_s = fleet.window_s
         self._timeout_s = fleet.timeout_s
-        self._act_window_s = config.systemd.act_window_s
+        self._config = config
 
     async def evidence(self, ended: Ended, evidence: Evidence) -> Evidence:
         """`evidence` with the fleet's proof for this crash, when one applies; unchanged when
@@ -142,10 +143,8 @@ class FleetEvidence:
             return False
         if names_no_cause(inv, reading):
             return False  # no line names its cause: the policy never halts on it
-        if self._machine_id and inv.host and inv.host != self._machine_id:
-            return False  # another machine's crash in a shared journal: not this unit's
-        ended_s = (inv.ended_us or 0) / 1e6
-        return self._clock() - ended_s <= self._act_window_s  # a backlog's crash is history
+        # This machine's unit, its crash just now: its environment is read here, now.
+        return crash_here_now(inv, self._clock(), self._config, self._machine_id)
 
     async def _proofs(self, crash: str, digest: str) -> list[FleetProof]:
         """The proofs the Alertmanagers of the cluster hold, asked at once (one hanging costs
@@ -205,9 +204,7 @@ class FleetEvidence:
         )
 
     def _redact(self, text: str) -> str:
-        for url in self._urls:
-            text = redact(text, url)
-        return text
+        return redact_all(text, self._urls)
 
 
 def host_name(config: Config) -> str:

@@ -46,7 +46,7 @@ from ..util.http import (
     read_bounded,
     unexpected_error,
 )
-from ..util.urls import redact, url_problem
+from ..util.urls import redact_all, url_problem
 from .sink import DELIVERED, Incidents, Mode, Pacing, Result, Round, failed
 
 _log = structlog.get_logger(__name__)
@@ -238,9 +238,7 @@ class AlertmanagerSink:
         return NotifyError(f"HTTP {r.status_code}: {text}", reason=reason, retryable=retryable)
 
     def _redact(self, text: str) -> str:
-        for url in self._urls:
-            text = redact(text, url)
-        return text
+        return redact_all(text, self._urls)
 
 
 def build_sink(config: Config) -> AlertmanagerSink:

@@ -9,6 +9,7 @@ the secret that is left (a body that quotes only part of the path, or cut inside
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit
 
 REDACTED = "<redacted>"
@@ -39,6 +40,13 @@ def url_problem(url: str) -> str | None:
     if port == 0:
         return "port must be 1..65535"
     return None
+
+
+def redact_all(text: str, urls: Iterable[str]) -> str:
+    """`redact` for each of several URLs (an Alertmanager and its peers)."""
+    for url in urls:
+        text = redact(text, url)
+    return text
 
 
 def redact(text: str, url: str) -> str:
