@@ -283,6 +283,45 @@ class TestRootCause:
         assert verdict.root_cause is not None
 
 
+REDRESSED = """\
+Traceback (most recent call last):
+  File "/v/httpcore/_exceptions.py", line 14, in map_exceptions
+    yield
+httpcore.ReadError: [Errno 104] Connection reset by peer
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/v/httpx/_transports/default.py", line 118, in map_httpcore_exceptions
+    raise mapped_exc(message) from exc
+httpx.ReadError: [Errno 104] Connection reset by peer
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "/v/transformers/configuration_utils.py", line 721, in _get_config_dict
+    raise OSError(
+OSError: Can't load the configuration of 'org/model'.
+"""
+
+
+class TestReraisedInTheSameWords:
+    def test_the_callers_class_names_the_same_cause(self, classifier: Classifier) -> None:
+        """httpx re-raises httpcore's error with its words: the verdict names httpx's line,
+        the class its callers know, and not the later consequence in other words."""
+        verdict = classifier.classify(_lines(REDRESSED))
+        assert verdict.root_cause == "httpx.ReadError: [Errno 104] Connection reset by peer"
+
+    def test_other_words_keep_the_first_exception(self, classifier: Classifier) -> None:
+        """A re-raise in other words is a consequence: the first exception stays the cause."""
+        text = REDRESSED.replace(
+            "httpx.ReadError: [Errno 104] Connection reset by peer",
+            "httpx.ReadError: the server closed the connection",
+        )
+        verdict = classifier.classify(_lines(text))
+        assert verdict.root_cause == "httpcore.ReadError: [Errno 104] Connection reset by peer"
+
+
 class TestLongInvocations:
     """Long invocations. Speed is measured by `python -m bench`, not asserted here: timed
     unit tests fail on loaded, shared machines without telling anything about the code."""

@@ -63,13 +63,6 @@ KNOWN_MISSES = {
     # transformers' note of the failed import, two lines before the ImportError of the key:
     # the same missing package, its first word.
     "260-real-vllm-remote-code-import-error.log": "the import's first note, not the ImportError",
-    # The hub answering 500: httpx2's status error, re-raised by huggingface_hub as the key's
-    # line; the same 500, one exception earlier. (Scored held out as unknown; the lexicon now
-    # reads a remote 500 as transient, so it is no longer a hold-out.)
-    "265-real-vllm-hub-500.log": "httpx2's 500, not huggingface_hub's",
-    # httpcore2's ReadError, re-raised by httpx2 as the key's line: the same reset, one
-    # exception earlier.
-    "266-real-vllm-hub-connection-reset.log": "httpcore2's reset, not httpx2's",
     # The engine core's own note of the SIGTERM it got is an INFO line of its shutdown; the
     # verdict names the API server's WARNING that the engine core had gone, its consequence.
     "271-real-vllm-enginecore-sigterm-serving.log": "the engine's exit, not the signal's note",

@@ -198,7 +198,7 @@ class Classifier:
         if context_before_us is not None:
             candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
-        best = _raised_instead(ann, best, candidates)
+        best = _reraised_in_the_same_words(ann, _raised_instead(ann, best, candidates), candidates)
         return self._verdict(ann, best, crashed_blocks), self._facts(ann, best), requests
 
     def _requests_own(self, ann: Annotated) -> _RequestErrors:
@@ -526,6 +526,39 @@ def _raised_instead(ann: Annotated, best: _Candidate, candidates: list[_Candidat
         and ":" in ann.lines[c.index].text
     ]
     return min(later, key=_Candidate.key) if later else best
+
+
+def _reraised_in_the_same_words(
+    ann: Annotated, best: _Candidate, candidates: list[_Candidate]
+) -> _Candidate:
+    """A library that re-raises a lower layer's exception in its own class with the same
+    message (`raise HfHubHTTPError(str(e)) from e`, httpx's mapping of httpcore's errors) says
+    the same cause in the words its callers know: take the last of such re-raises. A re-raise
+    in other words (`Can't load the configuration of ...`) is a consequence and stays behind."""
+    while True:
+        block_id = ann.block_of[best.index]
+        words = _exception_words(ann, best.index)
+        if block_id < 0 or words is None:
+            return best
+        again = [
+            c
+            for c in candidates
+            if c.tier >= best.tier
+            and (b := ann.block_of[c.index]) >= 0
+            and ann.blocks[b].chained_from == block_id
+            and _exception_words(ann, c.index) == words
+        ]
+        if not again:
+            return best
+        best = min(again, key=_Candidate.key)
+
+
+def _exception_words(ann: Annotated, index: int) -> str | None:
+    """The message of an exception line (what follows `Class: `), None for any other line."""
+    if ann.roles[index] is not Role.EXCEPTION:
+        return None
+    name, colon, words = ann.lines[index].text.strip().partition(": ")
+    return words.strip() if colon and words.strip() and " " not in name else None
 
 
 def _chained_from(ann: Annotated, block_id: int, origin: int) -> bool:
