@@ -509,6 +509,48 @@ class TestACauseRightBeforeABareExit:
         assert verdict.severity is not Severity.FATAL
 
 
+class TestTheLastWarningBeforeABareExit:
+    """A start that printed no error line at all and stopped with an exit status of its own:
+    its last warning, when its words name a cause, is what the program said was wrong (TGI's
+    launcher: `WARN ... Could not import Flash Attention enabled models: CUDA is not
+    available`, then nothing). A warning with no such words, or information, stays a guess."""
+
+    WARNED = (
+        "2023-07-27T17:29:53.881747Z  WARN text_generation_launcher: Could not import Flash "
+        "Attention enabled models: CUDA is not available"
+    )
+    INFO = "2023-07-27T17:29:20.717161Z  INFO shard-manager: text_generation_launcher: Starting"
+
+    def test_its_words_settle_it(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [self.INFO, self.WARNED, self.INFO])
+        assert verdict.severity is Severity.FATAL
+        assert verdict.root_cause is not None and "CUDA is not available" in verdict.root_cause
+        assert "the last warning, whose words name one" in verdict.notes[-1]
+
+    def test_information_in_the_same_words_stays_a_guess(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [self.INFO, self.WARNED.replace(" WARN ", " INFO ")])
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_warning_that_names_no_cause_stays_a_guess(self, empty: SignatureTable) -> None:
+        line = self.WARNED.replace("Could not import", "Skipped").replace("is not", "is")
+        verdict = _judge(empty, [self.INFO, line.replace("Attention", "Attention failed")])
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_kill_from_outside_settles_nothing(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, [self.WARNED], exit_code="killed", exit_status=9)
+        assert verdict.severity is not Severity.FATAL
+
+    def test_after_serving_it_settles_nothing(self, empty: SignatureTable) -> None:
+        served = {"served_us": 100_000_000, "ended_us": 4_000_000_000}
+        verdict = _judge(empty, [SERVING, self.WARNED], **served)
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_louder_line_is_the_cause(self, empty: SignatureTable) -> None:
+        error = "2023-07-27T17:29:54.000000Z ERROR text_generation_launcher: Shard 0 failed"
+        verdict = _judge(empty, [self.WARNED, error])
+        assert verdict.root_cause is not None and "Shard 0 failed" in verdict.root_cause
+
+
 class TestWhereAStartupCrashWasRaised:
     """A traceback cut before its exception line, before the server served: its innermost
     frame in deterministic code (model loading, kernels, configuration, a check) and no clue

@@ -260,10 +260,12 @@ class Classifier:
             )
             return verdict, NO_FACTS
         if invocation.failed and verdict.root_cause is None:
-            verdict = _failed_without_cause(
+            verdict, warned = _failed_without_cause(
                 verdict, invocation, self._is_noise, self._reads, skip=requests.lines
             )
-            facts = dataclasses.replace(facts, guessed=True)
+            # A warning whose words name a cause, the loudest line of a start that then
+            # stopped, is read for its words; any other guess only for its frame and ending.
+            facts = dataclasses.replace(facts, guessed=not warned)
         notes = (*verdict.notes, *_loss_notes(invocation, verdict))
         return dataclasses.replace(verdict, notes=notes), facts
 
@@ -815,9 +817,11 @@ def _failed_without_cause(
     reads_as_cause: Callable[[str], bool],
     *,
     skip: Container[int] = (),
-) -> Verdict:
+) -> tuple[Verdict, bool]:
     """A failed invocation always names its best candidate line, and how sure that is: never
-    "No crash found". With no line at all, its lines were lost (or it printed none)."""
+    "No crash found". With no line at all, its lines were lost (or it printed none). Also
+    whether that line is a warning whose words the lexicon reads as a cause."""
+    warned = False
     if invocation.total_lines == 0 or invocation.suppressed_lines > invocation.total_lines:
         title = "Crash whose log lines were lost"
         note = (
@@ -828,12 +832,19 @@ def _failed_without_cause(
         cause = invocation.end_message or _how_it_ended(invocation)
     else:
         title = "Failed without an error line"
-        guess, last = best_guess(invocation.lines, is_noise, reads_as_cause, skip=skip)
+        found = _guess(invocation.lines, is_noise, reads_as_cause, skip=skip)
+        guess, last = found.text, found.last
         if invocation.oom_killed or invocation.exit_code in ("killed", "dumped"):
             # A signal or the OOM killer ended it: that is the cause the journal knows.
             guess, last = None, guess or last
         cause = guess or invocation.end_message or _how_it_ended(invocation)
-        if guess is not None:
+        warned = guess is not None and found.level == "WARNING" and reads_as_cause(guess)
+        if warned:
+            note = (
+                f"none of its {invocation.total_lines} lines reads as an error; the root cause "
+                "is the last warning, whose words name one"
+            )
+        elif guess is not None:
             note = (
                 f"none of its {invocation.total_lines} lines reads as an error; the root cause "
                 "is the last line that looks like one (a guess)"
@@ -843,7 +854,7 @@ def _failed_without_cause(
                 f"none of its {invocation.total_lines} lines reads as an error or trouble: the "
                 f"cause is not in the journal; its last line: {last or '(none)'}"
             )
-    return dataclasses.replace(
+    verdict = dataclasses.replace(
         verdict,
         title=title,
         root_cause=cause,
@@ -852,6 +863,7 @@ def _failed_without_cause(
         fingerprint=verdict.fingerprint or (fingerprint(cause) if cause else None),
         notes=(*verdict.notes, note),
     )
+    return verdict, warned
 
 
 def _how_it_ended(invocation: Invocation) -> str:
@@ -887,6 +899,25 @@ def best_guess(
     Skipped: blank lines, caret markers, a traceback's frames, their source lines and its glue
     (a traceback cut before its exception names no cause), lines the table calls noise, and
     information (a request log quotes whatever a client sent)."""
+    found = _guess(lines, is_noise, reads_as_cause, skip=skip)
+    return found.text, found.last
+
+
+@dataclass(frozen=True, slots=True)
+class _Guess:
+    text: str | None  # the last line that looks like trouble
+    last: str | None  # the last line that says anything
+    level: str | None  # the guessed line's level, when its prefix names one
+
+
+def _guess(
+    lines: Sequence[LogLine],
+    is_noise: Callable[[str], bool],
+    reads_as_cause: Callable[[str], bool],
+    *,
+    skip: Container[int] = (),
+) -> _Guess:
+    """`best_guess`, with the guessed line's level."""
     parsed = [parse_line(line) for line in lines]
     texts = [line.text.strip() for line in parsed]
     after_frame = _after_frame(texts)
@@ -903,8 +934,8 @@ def best_guess(
         if last is None:
             last = text
         if _LOOKS_BAD.search(text) or (index < opened and reads_as_cause(text)):
-            return text, last
-    return None, last
+            return _Guess(text, last, parsed[index].level)
+    return _Guess(None, last, None)
 
 
 def _after_frame(texts: Sequence[str]) -> list[bool]:

@@ -354,7 +354,8 @@ def _quiet_cause_settles(
     invocation: Invocation,
 ) -> str | None:
     """A warning or an unlevelled line chosen as the cause because nothing louder was printed
-    (not a guess, not a wrapper), whose own words strongly read deterministic, in a start
+    (not a wrapper, nor a guess but the last warning of a start that printed no error line),
+    whose own words strongly read deterministic, in a start
     that never served and ended with an exit status of its own (no kill from outside): the
     program said what is wrong and stopped. What it was, for the reason; None otherwise.
 
