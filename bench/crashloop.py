@@ -5,6 +5,7 @@ Per invocation, in journal order (the facts checked on systemd 252, docs/DESIGN.
     PID 1   Starting U...                      7d4958e8...  JOB_TYPE=start  (a new INVOCATION_ID)
     PID 1   Started U.                         39f53479...  JOB_TYPE=start JOB_RESULT=done
     U       the log's lines (stdout)                        _SYSTEMD_UNIT=U _SYSTEMD_INVOCATION_ID
+    kernel  the driver's lines, if any, just before the exit  _TRANSPORT=kernel SYSLOG_FACILITY=0
     PID 1   U: Main process exited, code=exited, status=1/FAILURE
                                                98e32220...  EXIT_CODE=exited EXIT_STATUS=1
             (or the timing's ending: another status, none for status 0, `code=killed` for a signal)
@@ -73,6 +74,9 @@ class LoopTiming:
     # outside reads differently from an exit of the program's own.
     exit_status: int = 1
     signal: int | None = None
+    # The kernel's own lines (the driver's `NVRM:` records) logged this long before each exit,
+    # a millisecond apart (`kernel_lines` of loop_entries).
+    kernel_before_exit_s: float = 2.0
 
 
 # systemd's names for the signals a main process is seen killed by ("status=9/KILL").
@@ -104,14 +108,18 @@ def loop_entries(
     invocations: int = 5,
     start_us: int = DEFAULT_START_US,
     timing: LoopTiming | None = None,
+    kernel_lines: Sequence[str] = (),
 ) -> tuple[list[Timed], tuple[str, ...]]:
-    """The entries of the whole loop with their timestamps, and the invocation ids."""
+    """The entries of the whole loop with their timestamps, and the invocation ids.
+
+    `kernel_lines` are the kernel's, not the unit's (a GPU's fault as the driver logs it):
+    journald's kernel transport, written shortly before each invocation's exit."""
     timing = timing or LoopTiming()
     ids = tuple(uuid.uuid5(_NAMESPACE, f"{name}:{unit}:{i}").hex for i in range(invocations))
     out: list[Timed] = []
     now = start_us
     for index, invocation_id in enumerate(ids):
-        now = _one_invocation(out, unit, invocation_id, lines, index, now, timing)
+        now = _one_invocation(out, unit, invocation_id, lines, index, now, timing, kernel_lines)
         if index + 1 < len(ids):
             now += _us(timing.restart_sec)
             scheduled, stopped = restart_entries(unit, invocation_id, index + 1)
@@ -132,11 +140,19 @@ def write_crash_loop(
     invocations: int = 5,
     start_us: int = DEFAULT_START_US,
     timing: LoopTiming | None = None,
+    kernel_lines: Sequence[str] = (),
 ) -> CrashLoop:
     """Write the loop into a fresh journal in `directory` with one journal-remote process."""
     entries, ids = loop_entries(
-        unit, lines, name=name, invocations=invocations, start_us=start_us, timing=timing
+        unit,
+        lines,
+        name=name,
+        invocations=invocations,
+        start_us=start_us,
+        timing=timing,
+        kernel_lines=kernel_lines,
     )
+    entries.sort(key=lambda timed: timed[0])  # the kernel's lines fall among the unit's
     seed = uuid.uuid5(_NAMESPACE, name)
     factory = EntryFactory(
         boot_id=uuid.uuid5(seed, "boot").hex,
@@ -160,6 +176,7 @@ def _one_invocation(
     index: int,
     now: int,
     timing: LoopTiming,
+    kernel_lines: Sequence[str] = (),
 ) -> int:
     """Append one invocation, from "Starting" to "Failed"; return the time of "Failed"."""
     starting, started = start_entries(unit, invocation_id)
@@ -178,6 +195,8 @@ def _one_invocation(
         now = first + step * (number + 1)
         out.append((now, {**fields, **trusted}))
     now = max(now, first + _us(timing.lines_over_s)) + _us(timing.exit_after_s)
+    at = now - _us(timing.kernel_before_exit_s)
+    out.extend((at + 1_000 * n, kernel_entry(text)) for n, text in enumerate(kernel_lines))
     exited, failed = exit_entries(
         unit,
         invocation_id,
@@ -191,6 +210,17 @@ def _one_invocation(
         now += 1_000
     out.append((now, _pid1(failed, 4)))
     return now
+
+
+def kernel_entry(text: str) -> dict[str, FieldValue]:
+    """A line as journald stores the kernel's: its own transport, the kern facility."""
+    return {
+        "MESSAGE": text,
+        "_TRANSPORT": "kernel",
+        "SYSLOG_FACILITY": 0,
+        "SYSLOG_IDENTIFIER": "kernel",
+        "PRIORITY": 3,
+    }
 
 
 def _pid1(

@@ -13,7 +13,9 @@ bench survives rewrites of the tracker, classifier and policy.
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase, served_s: a serving log is replayed after a serving line and that
 many seconds of serving, 1800 by default; ended: `exited:N` or `killed:N`, how systemd recorded
-the main process's end in the log's real journal, `exited:1` by default), `--only PATTERN`
+the main process's end in the log's real journal, `exited:1` by default; source: `kernel` for
+a log of the kernel's own lines, dmesg or `journalctl -k`, replayed through journald's kernel
+transport just before each exit of a unit that prints nothing), `--only PATTERN`
 (substring or glob of file names), `--json PATH`, `--jobs N` (logs replayed in parallel,
 default 2), `--signatures PATH`
 (repeatable: another signature table, e.g. an older one, to tell what the table knows from what
@@ -91,6 +93,9 @@ class LabelledLog:
     served_s: float = 0.0  # serving logs: how long it had served before the crash
     exit_status: int = 1  # how the main process ended (INDEX.tsv `ended`: exited:N, killed:N)
     signal: int | None = None
+    # INDEX.tsv `source`: "kernel" when the log is the kernel's own (dmesg, `journalctl -k`):
+    # replayed through journald's kernel transport beside a unit that exits without a word.
+    kernel: bool = False
 
     @property
     def path(self) -> Path:
@@ -131,6 +136,7 @@ def read_index(directory: Path) -> list[LabelledLog]:
                 engine=engine if engine in ENGINES else "other",
                 phase=(row.get("phase") or "").strip() or None,
                 served_s=_served_s(row, directory, number),
+                kernel=_kernel(row, directory, number),
                 **_ended(row, directory, number),
             )
         )
@@ -149,6 +155,31 @@ def _ended(row: dict[str, str], directory: Path, number: int) -> dict[str, Any]:
     if code == "killed":
         return {"signal": int(value)}
     return {"exit_status": int(value)}
+
+
+def _kernel(row: dict[str, str], directory: Path, number: int) -> bool:
+    text = (row.get("source") or "").strip()
+    if text not in ("", "unit", "kernel"):
+        raise SystemExit(f"{directory}/INDEX.tsv:{number}: source {text!r} (unit or kernel)")
+    return text == "kernel"
+
+
+_DMESG_TIME = re.compile(r"^(?:kernel: |\[ *\d+\.\d+\] )")
+
+
+def kernel_records(text: str) -> list[str]:
+    """The kernel's records in a dmesg or `journalctl -k` paste, as journald stores them:
+    the `kernel: ` or `[ seconds]` prefix gone, and an indented line without one (dmesg's
+    way of printing a record of several lines) joined to its record with a newline."""
+    records: list[str] = []
+    for line in journal_lines(text):
+        if not line.strip():
+            continue
+        if records and not _DMESG_TIME.match(line) and line[:1].isspace():
+            records[-1] += "\n" + line.strip()
+        else:
+            records.append(_DMESG_TIME.sub("", line, count=1))
+    return records
 
 
 def _served_s(row: dict[str, str], directory: Path, number: int) -> float:
@@ -208,13 +239,20 @@ def replay(
     directory = Path(tempfile.mkdtemp(prefix="loop-", dir=workdir))
     ids: tuple[str, ...] = ()
     try:
-        lines = journal_lines(log.path.read_text(encoding="utf-8", errors="replace"))
+        text = log.path.read_text(encoding="utf-8", errors="replace")
+        lines, kernel = ([], kernel_records(text)) if log.kernel else (journal_lines(text), [])
         name = f"{Path(log.corpus).name}/{log.file}"  # the ids do not depend on the checkout
         timing = LoopTiming(
             served_for_s=log.served_s, exit_status=log.exit_status, signal=log.signal
         )
         ids = write_crash_loop(
-            directory, UNIT, lines, name=name, invocations=INVOCATIONS, timing=timing
+            directory,
+            UNIT,
+            lines,
+            name=name,
+            invocations=INVOCATIONS,
+            timing=timing,
+            kernel_lines=kernel,
         ).invocation_ids
         config, table = _config_and_table(reader, signatures, removed)
         outcomes = tuple(o.to_json() for o in collect(str(directory), config=config, table=table))

@@ -145,3 +145,24 @@ class TestRecordedEnding:
             if e.get("MESSAGE_ID") == LifecycleEvent.PROCESS_EXITED.value
         ]
         assert [e["EXIT_STATUS"] for e in exited] == ["2"]
+
+
+def test_the_kernels_lines_are_the_kernels_own(tmp_path: Path) -> None:
+    """A GPU's fault goes through journald's kernel transport, kern facility, shortly before
+    each exit: `journalctl _TRANSPORT=kernel` finds them, the unit's own lines do not hold them."""
+    directory = tmp_path / "journal"
+    fault = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus."
+    written = write_crash_loop(
+        directory, UNIT, [], name="kernel", invocations=2, kernel_lines=[fault]
+    )
+    entries = _read(directory)
+    assert len(entries) == written.entries
+    kernel = [e for e in entries if e.get("_TRANSPORT") == "kernel"]
+    assert [e["MESSAGE"] for e in kernel] == [fault, fault]
+    assert all(e["SYSLOG_FACILITY"] == "0" and "_SYSTEMD_UNIT" not in e for e in kernel)
+    exits = [e for e in entries if e.get("MESSAGE_ID") == LifecycleEvent.PROCESS_EXITED.value]
+    for line, ended in zip(kernel, exits, strict=True):
+        gap = int(ended["__REALTIME_TIMESTAMP"]) - int(line["__REALTIME_TIMESTAMP"])
+        assert 0 < gap <= 2_000_000
+    times = [int(e["__REALTIME_TIMESTAMP"]) for e in entries]
+    assert times == sorted(times)

@@ -44,6 +44,7 @@ from bench.decisions import (
     blind_groups,
     infer_engine,
     journal_lines,
+    kernel_records,
     read_index,
     restarts_per_day,
     run_all,
@@ -380,6 +381,38 @@ class TestInputs:
         ]
         assert [g.file for g in select(logs, "*.log")] == ["a.log", "b.log", "c.log"]
         assert [g.file for g in select(logs, "b")] == ["b.log"]
+
+    def test_kernel_records(self) -> None:
+        """dmesg's and `journalctl -k`'s prefixes go; an indented line without one is the rest
+        of its record (dmesg prints a record of several lines so), joined with a newline."""
+        text = (
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+            "               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+            "               NVRM: fallen off the bus and is not responding to commands.\n"
+            "[ 1843.439662] NVRM: The NVIDIA probe routine failed for 1 device(s).\n"
+            "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001\n"
+        )
+        assert kernel_records(text) == [
+            "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this "
+            "system has\nNVRM: fallen off the bus and is not responding to commands.",
+            "NVRM: The NVIDIA probe routine failed for 1 device(s).",
+            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001",
+        ]
+
+    def test_index_source_column(self, tmp_path: Path) -> None:
+        """`source = kernel` marks a log of the kernel's own lines; another value stops the
+        bench naming the row."""
+        (tmp_path / "a.log").write_text("NVRM: Xid (PCI:0000:dc:00): 79, boom\n")
+        (tmp_path / "b.log").write_text("boom\n")
+        with (tmp_path / "INDEX.tsv").open("w", newline="") as handle:
+            writer = csv.writer(handle, delimiter="\t")
+            writer.writerow(["file", "expected_severity", "root_cause_key", "source"])
+            writer.writerows([["a.log", "fatal", "", "kernel"], ["b.log", "fatal", "", ""]])
+        assert [g.kernel for g in read_index(tmp_path)] == [True, False]
+        with (tmp_path / "INDEX.tsv").open("a", newline="") as handle:
+            csv.writer(handle, delimiter="\t").writerow(["b.log", "fatal", "", "dmesg"])
+        with pytest.raises(SystemExit, match=r"INDEX.tsv:4: source 'dmesg'"):
+            read_index(tmp_path)
 
     def test_index_ended_column(self, tmp_path: Path) -> None:
         """`ended` says how the real journal's main process ended; empty is exit status 1, and
