@@ -243,6 +243,49 @@ def test_the_drivers_formats(text: str, pci: str, code: int) -> None:
     assert found.text.startswith("NVRM: Xid")
 
 
+def test_the_drivers_probe_finding_a_gpu_gone_is_xid_79() -> None:
+    """At load the driver says a GPU fell off the bus in one record of three lines, no Xid
+    number: the same fault as Xid 79, on that GPU."""
+    record = (
+        "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system "
+        "has\nNVRM: fallen off the bus and is not responding to commands."
+    )
+    found = parse_xid(record)
+    assert found is not None and (found.pci, found.code) == ("0000:b3:00.0", 79)
+    assert "\n" not in found.text and found.text.startswith("NVRM: The NVIDIA GPU")
+    assert parse_xid("NVRM: The NVIDIA probe routine failed for 1 device(s).") is None
+
+
+def test_xid_45_names_the_fault_it_follows() -> None:
+    found = parse_xid(xid_line(45, "Ch 00000001 caused by previous Xid 149"))
+    assert found is not None and (found.code, found.follows, found.cause) == (45, 149, 149)
+    alone = parse_xid(xid_line(45, "Ch 00000001"))
+    assert alone is not None and (alone.follows, alone.cause) == (None, 45)
+
+
+@pytest.mark.parametrize(
+    ("detail", "action"),
+    [("Ch 00000001 caused by previous Xid 149", Action.HALT), ("Ch 00000001", None)],
+)
+def test_xid_45_is_decided_as_the_xid_it_follows(
+    tmp_path: Path, detail: str, action: Action | None
+) -> None:
+    """Xid 45 is the driver cleaning up after a fault: after NVLink 5's Xid 149 the GPU needs
+    a reset (halted at the 1st crash); on its own it says nothing a restart cannot fix."""
+    fault = T0 + 300_000_000
+    inv = run([*SERVING, *LAUNCH_FAILURE], T0, fault + 3_000_000)
+    for n, entry in enumerate(inv[5:9]):
+        entry["__REALTIME_TIMESTAMP"] = fault + 2_000_000 + n
+    [outcome] = triaged(tmp_path, [*inv[:5], kernel(xid_line(45, detail), fault), *inv[5:]])
+    assert "): 45" in (outcome.verdict.root_cause or "")
+    assert outcome.decision.rule is Rule.GPU_XID
+    if action is Action.HALT:
+        assert outcome.decision.action is Action.HALT
+        assert outcome.verdict.captures["xid"] == "149"
+    else:
+        assert outcome.decision.action is not Action.HALT
+
+
 @given(st.text(max_size=300))
 def test_any_kernel_line_parses_or_is_none(text: str) -> None:
     found = parse_xid(text)

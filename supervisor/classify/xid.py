@@ -29,6 +29,16 @@ _XID_LINE = re.compile(
     r"(?: GPU-I:\d{1,3}(?: GPU-CI:\d{1,3})?)?\): "
     r"(?P<xid>\d{1,4})\b,?[ \t]*(?P<rest>[^\n]*)"
 )
+# The driver's probe finding a GPU gone, one record of three lines: `NVRM: The NVIDIA GPU
+# 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\nNVRM: fallen off the
+# bus and is not responding to commands.`: Xid 79's fault, said when the driver loads.
+_FALLEN_AT_PROBE = re.compile(
+    r"NVRM: The NVIDIA GPU (?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b"
+    r"[^\n]{0,80}(?:\n[^\n]{0,160}){0,3}?[ \n](?:NVRM: )?fallen off the bus\b"
+)
+FALLEN_OFF_THE_BUS = 79
+# Xid 45 names the fault it cleaned up after: `..., Ch 00000001 caused by previous Xid 149`.
+_FOLLOWS = re.compile(r"\bcaused by previous Xid (\d{1,4})\b")
 _PID = re.compile(r"\bpid=(?:'[^']*'|\d+|<unknown>),\s*(?:name=[^,]*,\s*)?")
 ACTIONS: Mapping[str, str] = MappingProxyType(
     {
@@ -76,6 +86,12 @@ class XidLine:
     code: int
     detail: str  # what follows the code, its `pid=..., name=...,` left out
     text: str  # the whole line from `NVRM:`
+    follows: int | None = None  # the earlier Xid it says it follows (Xid 45's)
+
+    @property
+    def cause(self) -> int:
+        """The Xid that says what happened: the one it follows, else its own."""
+        return self.code if self.follows is None else self.follows
 
 
 class XidCatalog:
@@ -96,11 +112,28 @@ def parse_xid(text: str) -> XidLine | None:
     """The Xid a kernel line reports, or None for any other line."""
     found = _XID_LINE.search(text)
     if found is None:
-        return None
+        return _fallen_at_probe(text)
     code = int(found.group("xid"))
     detail = _PID.sub("", found.group("rest"), count=1).strip().rstrip(".")
+    follows = _FOLLOWS.search(detail)
     return XidLine(
-        pci=found.group("pci").lower(), code=code, detail=detail, text=text[found.start() :]
+        pci=found.group("pci").lower(),
+        code=code,
+        detail=detail,
+        text=text[found.start() :],
+        follows=int(follows.group(1)) if follows and int(follows.group(1)) != code else None,
+    )
+
+
+def _fallen_at_probe(text: str) -> XidLine | None:
+    found = _FALLEN_AT_PROBE.search(text)
+    if found is None:
+        return None
+    return XidLine(
+        pci=found.group("pci").lower(),
+        code=FALLEN_OFF_THE_BUS,
+        detail="fallen off the bus, found by the driver's probe",
+        text=" ".join(text[found.start() :].split()),
     )
 
 

@@ -191,10 +191,11 @@ class XidEvidence:
             return evidence
         # The one a restart cannot get past says most, then one that is no mere follower or
         # note (Xid 45, 154: their action is "none"), then the latest.
-        line, xid = max(found, key=lambda f: (*self._weight(f[1].code), f[0].realtime_us))
-        entry = self.catalog.get(xid.code)
+        # An Xid that follows another (45: "caused by previous Xid 149") is decided as that one.
+        line, xid = max(found, key=lambda f: (*self._weight(f[1].cause), f[0].realtime_us))
+        entry = self.catalog.get(xid.cause)
         joined = GpuXid(
-            code=xid.code,
+            code=xid.cause,
             pci=xid.pci,
             line=xid.text,
             realtime_us=line.realtime_us,
@@ -202,7 +203,7 @@ class XidEvidence:
             meaning=entry.meaning if entry else None,
             action=entry.action if entry else None,
             what_to_do=entry.what_to_do if entry else None,
-            restart_helps=self._helps(xid.code),
+            restart_helps=self._helps(xid.cause),
         )
         return dataclasses.replace(evidence, xid=joined)
 
