@@ -551,6 +551,26 @@ class TestTheLastWarningBeforeABareExit:
         assert verdict.root_cause is not None and "Shard 0 failed" in verdict.root_cause
 
 
+class TestNcclReportsFailuresAtWarn:
+    def test_its_warn_before_a_wrapper_is_the_cause(self) -> None:
+        """NCCL logs at INFO and WARN only: its WARN naming a failed connection, then the
+        scheduler's generic wrapper over a traceback cut short, names the cause (the table
+        knows the wrapper and no NCCL message here)."""
+        sglang_only = load_signature_table().subset(["sglang"])
+        lines = [
+            "node-1:139:1092 [7] socket.c:485 NCCL WARN socketStartConnect: Connect to "
+            "10.0.0.82<38455> failed : Software caused connection abort",
+            "node-1:139:1092 [7] NCCL INFO transport/net.cc:687 -> 2",
+            "[2025-04-21 07:28:41 TP0] Scheduler hit an exception: Traceback (most recent call "
+            "last):",
+            '  File "/sglang/srt/managers/scheduler.py", line 1714, in run_scheduler_process',
+        ]
+        verdict = _judge(sglang_only, lines)
+        assert verdict.root_cause is not None
+        assert "socketStartConnect: Connect to 10.0.0.82<38455> failed" in verdict.root_cause
+        assert verdict.severity is not Severity.FATAL  # a connection's failure: not fatal
+
+
 class TestWhereAStartupCrashWasRaised:
     """A traceback cut before its exception line, before the server served: its innermost
     frame in deterministic code (model loading, kernels, configuration, a check) and no clue

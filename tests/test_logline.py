@@ -183,13 +183,14 @@ PREFIXES = [
         None,
         "ERROR",
     ),
-    # NCCL debug lines, with and without a bracket timestamp.
+    # NCCL debug lines, with and without a bracket timestamp. NCCL has no error level: its
+    # WARN is the report of a failure.
     (
         "[2026-05-22 10:26:17] d4fde3314201:13740:13740 [7] misc/shmutils.cc:132 NCCL WARN Error",
         None,
         "NCCL WARN Error",
         "pid:13740",
-        "WARNING",
+        "ERROR",
     ),
     (
         "DG-DGX6:1458:1553 [6] NCCL INFO [Service thread] x",

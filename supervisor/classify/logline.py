@@ -297,7 +297,8 @@ def _inner(m: re.Match[str], process: str | None) -> tuple[str | None, str | Non
         process = f"pid:{m.group('glog_pid')}"
     elif kind == "nccl":
         process = f"pid:{m.group('nccl_pid')}"
-        level = "WARNING" if m.string.startswith("NCCL WARN", m.end()) else "INFO"
+        # NCCL logs at INFO and WARN only: a WARN line is its report of a failure.
+        level = "ERROR" if m.string.startswith("NCCL WARN", m.end()) else "INFO"
     elif kind == "proc":
         process = f"pid:{m.group('proc_pid')}"
     elif kind == "rank":
