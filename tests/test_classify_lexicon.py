@@ -130,7 +130,17 @@ class TestWords:
             ("Environment variable VLLM_PORT='80a' is not a valid integer", "det"),
             ("ValueError: 28 attention heads is not divisible by tensor parallel size 3", "det"),
             ("Model architecture FooForCausalLM has no vLLM implementation", "det"),
+            # Other engines' own words (llama.cpp, Ollama, Triton), written before any of
+            # their recorded logs was read: an allocator, a corrupt file, a parser, a driver.
+            ("llama_init_from_model: failed to allocate buffer for kv cache", "det"),
+            ("cudaMalloc failed: out of memory", "det"),
+            ("gguf: model is corrupted or incomplete", "det"),
+            ("main: exiting due to model loading error", "det"),
+            ('error while handling argument "--n-gpu-layers": stoi', "det"),
+            ("RuntimeError: Found no NVIDIA driver on your system.", "det"),
+            ("Error while deserializing header: HeaderTooLarge", "det"),
             # Indeterminate: the next start may not meet it.
+            ("couldn't bind HTTP server socket, hostname: 0.0.0.0, port: 8080", "ind"),
             ("HfHubHTTPError: 429 Client Error: Too Many Requests for url: https://hf.co/x", "ind"),
             ("503 Server Error: Service Unavailable for url: https://huggingface.co/x", "ind"),
             ("ConnectionResetError: [Errno 104] Connection reset by peer", "ind"),
