@@ -571,6 +571,48 @@ class TestNcclReportsFailuresAtWarn:
         assert verdict.severity is not Severity.FATAL  # a connection's failure: not fatal
 
 
+class TestANativeAssertion:
+    """A C or C++ assertion that aborted the process (ggml's GGML_ASSERT, glibc's assert,
+    glog's CHECK) is an AssertionError in all but name: the cause, not the debugger's chatter
+    after it, and fatal before the server ever served."""
+
+    GGML = (
+        "/src/llama.cpp/src/llama-context.cpp:2273: GGML_ASSERT(n_outputs_max <= "
+        "cparams.n_outputs_max) failed"
+    )
+    AFTER = (
+        "gdb: warning: Couldn't determine a path for the index cache directory.",
+        "#1  0x0000563e067db3bb in ggml_print_backtrace ()",
+    )
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            GGML,
+            "llama-server: ggml.c:1234: ggml_new_tensor_impl: Assertion `n_dims <= 4' failed.",
+            "Check failed: (status == cudaSuccess) is false: invalid resource handle",
+        ],
+    )
+    def test_it_is_the_cause_and_fatal_before_serving(
+        self, empty: SignatureTable, line: str
+    ) -> None:
+        verdict = _judge(empty, [line, *self.AFTER], exit_code="killed", exit_status=6)
+        assert verdict.root_cause == line
+        assert verdict.severity is Severity.FATAL
+        assert verdict.severity_reason is not None and "AssertionError" in verdict.severity_reason
+
+    def test_after_serving_it_is_not_fatal(self, empty: SignatureTable) -> None:
+        served = {"served_us": 100_000_000, "ended_us": 4_000_000_000}
+        verdict = _judge(empty, [SERVING, self.GGML], **served)
+        assert verdict.root_cause == self.GGML
+        assert verdict.severity is not Severity.FATAL
+
+    def test_the_words_alone_are_no_assertion(self, empty: SignatureTable) -> None:
+        line = "the health check failed"
+        verdict = _judge(empty, [line])
+        assert verdict.severity_reason is None or "AssertionError" not in verdict.severity_reason
+
+
 class TestWhereAStartupCrashWasRaised:
     """A traceback cut before its exception line, before the server served: its innermost
     frame in deterministic code (model loading, kernels, configuration, a check) and no clue

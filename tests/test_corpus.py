@@ -63,23 +63,10 @@ KNOWN_MISSES = {
     # transformers' note of the failed import, two lines before the ImportError of the key:
     # the same missing package, its first word.
     "260-real-vllm-remote-code-import-error.log": "the import's first note, not the ImportError",
-    # llama.cpp's llama-server, recorded here (tests/data/journals/real-llamacpp): as first
-    # scored, labels and keys set before. The loader's consequence `error loading model:
-    # llama_model_loader: failed to load model from PATH` matched a signature in place of the
-    # line before it that says why.
-    "340-real-llamacpp-model-file-missing.log": "the loader's consequence",
-    "342-real-llamacpp-not-a-gguf-safetensors.log": "the loader's consequence",
-    "350-real-llamacpp-model-permission-denied.log": "the loader's consequence",
-    "355-real-llamacpp-model-path-is-directory.log": "the loader's consequence",
-    # `--host` an address the host does not have prints the same `couldn't bind HTTP server
-    # socket` as a port held by another process (345, 351): only the daemon's live address
-    # check tells them apart.
+    # llama.cpp (recorded here, scored before anything was changed for it): `--host` an address
+    # the host does not have prints the same `couldn't bind HTTP server socket` as a port held by
+    # another process (345, 351); only the daemon's live address check tells them apart.
     "353-real-llamacpp-host-address-not-local.log": "a bind's failure reads transient",
-    # GGML_ASSERT(...) failed, then gdb's backtrace: gdb's chatter named.
-    "358-real-llamacpp-ggml-assert-batch-size-1.log": "gdb's warning, not the assertion",
-    # A bad LLAMA_ARG_CTX_SIZE and a build without SSL: the cause named, its words not read.
-    "359-real-llamacpp-env-ctx-size-not-a-number.log": "unknown: an environment variable",
-    "360-real-llamacpp-ssl-not-built.log": "unknown: built without",
     # The engine core's own note of the SIGTERM it got is an INFO line of its shutdown; the
     # verdict names the API server's WARNING that the engine core had gone, its consequence.
     "271-real-vllm-enginecore-sigterm-serving.log": "the engine's exit, not the signal's note",

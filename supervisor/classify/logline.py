@@ -608,6 +608,14 @@ _FATAL_PYTHON = "Fatal Python error: "
 _BUILD_ERROR = re.compile(
     r"^(?:\S+:\d+:\d+: fatal error: |(?:\S*/)?ld(?:\.\w+)?: cannot find -l|nvcc fatal\s*: )"
 )
+# A native assertion that aborted the process: glibc's `prog: x.c:12: f: Assertion `n > 0'
+# failed.`, ggml's `x.cpp:2273: GGML_ASSERT(a <= b) failed`, glog's and absl's `Check failed: `.
+# An AssertionError in all but name.
+_NATIVE_ASSERT = re.compile(
+    r"^(?:[^\s:]+: )?(?:\S+:\d+: )?(?:[^:\n]{1,200}: )?(?:Assertion `.+' failed\.?|"
+    r"GGML_ASSERT\(.+\) failed|"
+    r"Check failed: .+)$"
+)
 _FOLLOWING_LINES = 3  # how far a panic's message or C++'s what() may be from its first line
 
 
@@ -617,8 +625,9 @@ def crash_form(ann: Annotated, index: int) -> str | None:
     A Rust panic (`thread 'main' panicked at src/main.rs:12:5:`, its message on the next line
     since Rust 1.73, in quotes before that), an argparse or click usage error, C++'s
     `terminate called after throwing an instance of 'X'` with its `what():` line, Python's
-    faulthandler (`Fatal Python error: Segmentation fault`), and a compiler's or linker's
-    error line (`main.c:5:10: fatal error: Python.h: No such file or directory`).
+    faulthandler (`Fatal Python error: Segmentation fault`), a compiler's or linker's
+    error line (`main.c:5:10: fatal error: Python.h: No such file or directory`), and a native
+    assertion (`llama-context.cpp:2273: GGML_ASSERT(n <= max) failed`).
     """
     text = ann.lines[index].text.strip()
     if text.startswith("thread '") and (m := _PANIC.match(text)) is not None:
@@ -631,9 +640,14 @@ def crash_form(ann: Annotated, index: int) -> str | None:
     if text.startswith(_TERMINATE):
         what = _next_text(ann, index, startswith=_WHAT)
         return f"{text}: {what}" if what else text
-    if text.startswith(_FATAL_PYTHON) or _BUILD_ERROR.match(text):
+    if text.startswith(_FATAL_PYTHON) or _BUILD_ERROR.match(text) or is_native_assert(text):
         return text
     return None
+
+
+def is_native_assert(text: str) -> bool:
+    """A C or C++ assertion's failure line (`_NATIVE_ASSERT`)."""
+    return "failed" in text and _NATIVE_ASSERT.match(text) is not None
 
 
 _EXCEPTION_NAME = re.compile(r"((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::|$)")
@@ -644,7 +658,10 @@ _RAISE = re.compile(r"raise\s+((?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s*\(")
 
 
 def exception_name(text: str) -> str | None:
-    """The class an exception line (or C++'s `terminate ... instance of 'X'`) names."""
+    """The class an exception line (or C++'s `terminate ... instance of 'X'`) names; a native
+    assertion's failure is an AssertionError."""
+    if is_native_assert(text):
+        return "AssertionError"
     if text.startswith(_TERMINATE):
         m = _THROWN.search(text)
         return m.group(1) if m else None
