@@ -18,6 +18,10 @@ from pathlib import Path
 sys.path.insert(0, os.environ.get("NSPAWN_DIR", str(Path(__file__).resolve().parents[4] / "e2e")))
 from nspawn import Container, booted_container, wait_for  # noqa: E402
 
+# The vLLM batches' driver: its log line, unit state and curl (real-vllm/tools/run_scenarios.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "real-vllm" / "tools"))
+from run_scenarios import curl, failures, log, loop_until_failed, state  # noqa: E402
+
 ROOT = os.environ.get("LLAMACPP_REAL_ROOT", "/var/tmp/llamacpp-real")
 SERVER = f"{ROOT}/bin/llama-server"
 TINY = f"{ROOT}/models/tiny-f16.gguf"
@@ -137,15 +141,6 @@ LOOP_TIMEOUT_S = 120
 SERVE_S = 10
 
 
-def log(msg: str) -> None:
-    print(time.strftime("%H:%M:%S"), msg, flush=True)
-
-
-def state(box: Container, unit: str) -> dict[str, str]:
-    return box.show(unit, "ActiveState", "SubState", "NRestarts", "MainPID", "ExecMainStatus",
-                    "ExecMainCode", "Result")
-
-
 def install(box: Container, name: str, cmd: str, extra: str) -> str:
     unit = f"llamacpp-{name}.service"
     box.write_file(f"/etc/systemd/system/{unit}",
@@ -154,45 +149,17 @@ def install(box: Container, name: str, cmd: str, extra: str) -> str:
     return unit
 
 
-def curl(box: Container, url: str, data: str | None = None, timeout: float = 60) -> str:
-    argv = ["curl", "-sS", "-m", str(int(timeout)), "-w", "\nHTTP %{http_code}\n"]
-    if data is not None:
-        argv += ["-H", "Content-Type: application/json", "-d", data]
-    p = box.run(*argv, url, check=False, timeout=timeout + 10)
-    return (p.stdout + p.stderr).strip()
-
-
 def healthy(box: Container, unit: str, port: int) -> bool:
     if state(box, unit)["SubState"] != "running":
         return False
     return "HTTP 200" in curl(box, f"http://127.0.0.1:{port}/health", timeout=3)
 
 
-def failures(box: Container, unit: str) -> int:
-    return sum(e.get("_PID") == "1" and "Failed with result" in str(e.get("MESSAGE"))
-               for e in box.journal("-u", unit))
-
-
 def loop(box: Container, unit: str, invocations: int, notes: list[str],
          port: int | None = None) -> None:
-    """Start; wait until `invocations` runs have ended (the next restart pending), then stop
-    (which cancels that restart). A start that serves is stopped at once and noted."""
-    box.systemctl("start", unit, check=False)
-    deadline = time.monotonic() + LOOP_TIMEOUT_S * invocations
-    try:
-        while time.monotonic() < deadline:
-            # NRestarts counts up when the restart job is queued, RestartSec after the crash:
-            # count PID 1's "Failed with result" lines instead, so all N runs have ended.
-            if (state(box, unit)["SubState"] == "auto-restart"
-                    and failures(box, unit) >= invocations):
-                return
-            if port and healthy(box, unit, port):
-                notes.append("SERVED (no failure) at " + time.strftime("%H:%M:%S"))
-                return
-            time.sleep(0.2)
-        notes.append("driver: timed out waiting for the crashes")
-    finally:
-        box.systemctl("stop", unit, check=False)
+    """Start; stop once `invocations` runs have ended, or at once if a start serves."""
+    loop_until_failed(box, unit, invocations, notes, port=port,
+                      timeout=LOOP_TIMEOUT_S * invocations)
 
 
 def serve_kill(box: Container, unit: str, invocations: int, port: int, notes: list[str],

@@ -127,23 +127,9 @@ def kill_main_serving(box: rs.Container, unit: str, sig: int, port: int, invocat
 
 def loop_unless_serving(box: rs.Container, unit: str, invocations: int, port: int | None,
                         notes: list[str]) -> None:
-    """The loop driver of run_scenarios.wait_restarts, but a start that serves (a scenario
-    that does not fail) is stopped at once and noted, instead of waiting out the timeout."""
-    box.systemctl("start", unit, check=False)
-    deadline = time.monotonic() + LOOP_TIMEOUT_S * invocations
-    try:
-        while time.monotonic() < deadline:
-            s = state(box, unit)
-            if int(s["NRestarts"] or 0) >= invocations - 1 and s["SubState"] == "auto-restart":
-                return
-            if port and s["SubState"] == "running" and "HTTP 200" in rs.curl(
-                    box, f"http://127.0.0.1:{port}/health", timeout=2):
-                notes.append("SERVED (no failure) at " + time.strftime("%H:%M:%S"))
-                return
-            time.sleep(0.2)
-        notes.append("driver: timed out waiting for the crashes")
-    finally:
-        box.systemctl("stop", unit, check=False)
+    """The loop driver, a start that serves stopped at once (run_scenarios.loop_until_failed)."""
+    rs.loop_until_failed(box, unit, invocations, notes, port=port,
+                         timeout=LOOP_TIMEOUT_S * invocations)
 
 
 def port_of(cmd: str) -> int | None:

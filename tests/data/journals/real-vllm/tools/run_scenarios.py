@@ -198,6 +198,36 @@ def save(box: Container, unit: str, out: Path, name: str, pick: int = 0) -> dict
     return info
 
 
+def failures(box: Container, unit: str) -> int:
+    """PID 1's `Failed with result` lines of the unit: its runs that have ended."""
+    return sum(e.get("_PID") == "1" and "Failed with result" in str(e.get("MESSAGE"))
+               for e in box.journal("-u", unit))
+
+
+def loop_until_failed(box: Container, unit: str, invocations: int, notes: list[str], *,
+                      port: int | None, timeout: float) -> None:
+    """Start; wait until `invocations` runs have ended (the next restart pending), then stop
+    (which cancels that restart). A start that serves is stopped at once and noted.
+
+    NRestarts counts up when the restart job is queued, RestartSec after the crash, so it is
+    not waited for: PID 1's `Failed with result` lines are (found recording llama.cpp, whose
+    runs end within RestartSec; batch 3 was recorded waiting for NRestarts)."""
+    box.systemctl("start", unit, check=False)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if state(box, unit)["SubState"] == "auto-restart" and failures(box, unit) >= invocations:
+                return
+            if port and state(box, unit)["SubState"] == "running" and "HTTP 200" in curl(
+                    box, f"http://127.0.0.1:{port}/health", timeout=3):
+                notes.append("SERVED (no failure) at " + time.strftime("%H:%M:%S"))
+                return
+            time.sleep(0.2)
+        notes.append("driver: timed out waiting for the crashes")
+    finally:
+        box.systemctl("stop", unit, check=False)
+
+
 def curl(box: Container, url: str, data: str | None = None, timeout: float = 120) -> str:
     argv = ["curl", "-sS", "-m", str(int(timeout)), "-w", "\nHTTP %{http_code}\n"]
     if data is not None:
