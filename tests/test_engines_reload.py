@@ -103,7 +103,8 @@ def test_check_config_refuses_a_broken_engine_file_in_one_line(tmp_path: Path) -
     (engines / "acme.toml").write_text(ACME)
     good = check()
     assert good.returncode == 0, good.stderr
-    assert "engines: acme, llamacpp, lmdeploy, sglang, tgi, tritonserver, vllm" in good.stdout
+    shipped = "llamacpp, lmdeploy, ollama, sglang, tgi, tritonserver, vllm"
+    assert f"engines: acme, {shipped}" in good.stdout
     (engines / "acme.toml").write_text(ACME.replace("ERR|INF", "ERR|INF("))
     bad = check()
     assert bad.returncode == 2

@@ -616,6 +616,9 @@ _NATIVE_ASSERT = re.compile(
     r"GGML_ASSERT\(.+\) failed|"
     r"Check failed: .+)$"
 )
+# A Go program's panic (Ollama's server): `panic: runtime error: invalid memory address or nil
+# pointer dereference`, then `[signal SIGSEGV: ...]` and each goroutine's stack.
+_GO_PANIC = re.compile(r"^panic: \S")
 _FOLLOWING_LINES = 3  # how far a panic's message or C++'s what() may be from its first line
 
 
@@ -626,8 +629,9 @@ def crash_form(ann: Annotated, index: int) -> str | None:
     since Rust 1.73, in quotes before that), an argparse or click usage error, C++'s
     `terminate called after throwing an instance of 'X'` with its `what():` line, Python's
     faulthandler (`Fatal Python error: Segmentation fault`), a compiler's or linker's
-    error line (`main.c:5:10: fatal error: Python.h: No such file or directory`), and a native
-    assertion (`llama-context.cpp:2273: GGML_ASSERT(n <= max) failed`).
+    error line (`main.c:5:10: fatal error: Python.h: No such file or directory`), a native
+    assertion (`llama-context.cpp:2273: GGML_ASSERT(n <= max) failed`), and a Go panic
+    (`panic: runtime error: index out of range [3] with length 3`).
     """
     text = ann.lines[index].text.strip()
     if text.startswith("thread '") and (m := _PANIC.match(text)) is not None:
@@ -641,6 +645,8 @@ def crash_form(ann: Annotated, index: int) -> str | None:
         what = _next_text(ann, index, startswith=_WHAT)
         return f"{text}: {what}" if what else text
     if text.startswith(_FATAL_PYTHON) or _BUILD_ERROR.match(text) or is_native_assert(text):
+        return text
+    if text.startswith("panic: ") and _GO_PANIC.match(text):
         return text
     return None
 
