@@ -130,12 +130,7 @@ def kill_during_load(box: rs.Container, unit: str, target: str, sig: int, invoca
                            interval=0.2)
             time.sleep(4 if target.startswith("VLLM::EngineCor") else 1)
             s = state(box, unit)
-        box.run("kill", f"-{sig}", str(pid), check=False)
-        notes.append(f"inv{n}: kill -{sig} {target} pid {pid} (MainPID {s['MainPID']}) at "
-                     + time.strftime("%H:%M:%S"))
-        wait_for(lambda: state(box, unit)["MainPID"] != s["MainPID"], timeout=120,
-                 what="main process to end", interval=0.2)
-        notes.append(f"inv{n}: after: {state(box, unit)}")
+        rs.kill_and_note(box, unit, pid, sig, target, n, notes)
         rs.await_restart(box, unit, n, invocations)
     rs.stop_after_last(box, unit)
 

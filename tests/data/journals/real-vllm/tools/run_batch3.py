@@ -115,12 +115,7 @@ def kill_main_serving(box: rs.Container, unit: str, sig: int, port: int, invocat
         notes.append(f"inv{n}: completion before kill: {r[-9:]!r}")
         s = state(box, unit)
         pid = str(rs.find_comm(box, target)[0]) if target else s["MainPID"]
-        box.run("kill", f"-{sig}", pid, check=False)
-        notes.append(f"inv{n}: kill -{sig} {target or 'main'} pid {pid} (MainPID "
-                     f"{s['MainPID']}) at " + time.strftime("%H:%M:%S"))
-        wait_for(lambda: state(box, unit)["MainPID"] != s["MainPID"], timeout=120,
-                 what="main process to end", interval=0.2)
-        notes.append(f"inv{n}: after: {state(box, unit)}")
+        rs.kill_and_note(box, unit, pid, sig, target or "main", n, notes)
         rs.await_restart(box, unit, n, invocations)
     rs.stop_after_last(box, unit)
 

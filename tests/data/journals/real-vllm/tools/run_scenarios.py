@@ -198,6 +198,19 @@ def save(box: Container, unit: str, out: Path, name: str, pick: int = 0) -> dict
     return info
 
 
+def kill_and_note(box: Container, unit: str, pid: int | str, sig: int, what: str, n: int,
+                  notes: list[str], timeout: float = 120) -> None:
+    """`kill -SIG pid` from outside systemd (`what` names the process), then wait for the unit's
+    main process to end; both noted for invocation `n`."""
+    main = state(box, unit)["MainPID"]
+    box.run("kill", f"-{sig}", str(pid), check=False)
+    notes.append(f"inv{n}: kill -{sig} {what} pid {pid} (MainPID {main}) at "
+                 + time.strftime("%H:%M:%S"))
+    wait_for(lambda: state(box, unit)["MainPID"] != main, timeout=timeout,
+             what="main process to end", interval=0.2)
+    notes.append(f"inv{n}: after: {state(box, unit)}")
+
+
 def failures(box: Container, unit: str) -> int:
     """PID 1's `Failed with result` lines of the unit: its runs that have ended."""
     return sum(e.get("_PID") == "1" and "Failed with result" in str(e.get("MESSAGE"))
