@@ -471,6 +471,9 @@ class CauseFacts:
     raise_statement: bool = False  # the cause is that frame's `raise X(...)`: the line was cut
     pointer: bool = False  # the line only points at a cause printed elsewhere (a wrapper)
     guessed: bool = False  # no line was a candidate: a guess; only the frame and ending count
+    # Its main process was SIGKILLed right after the engine said it kills its own process tree
+    # (an engine file's `self_kill`): that kill is the engine's own end, not one from outside.
+    killed_itself: bool = False
 
 
 NO_FACTS = CauseFacts()

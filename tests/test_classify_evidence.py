@@ -613,6 +613,97 @@ class TestANativeAssertion:
         assert verdict.severity_reason is None or "AssertionError" not in verdict.severity_reason
 
 
+class TestALineThatSaysItCoped:
+    """SGLang prints `Ignore import error when loading <model>: cannot import name ...` at every
+    start and goes on: a signature that knows the import's words does not make it the cause of
+    a kill while serving (recorded here: corpus 380, 381, 384 were halted so at first)."""
+
+    IGNORED = (
+        "[2026-12-05 07:31:40] Ignore import error when loading sglang.srt.models.falcon_mamba: "
+        "cannot import name 'causal_conv1d_fn' from 'sglang.srt.layers.attention.mamba.mamba'"
+    )
+    CRASHED = "[2026-12-05 07:32:01] Subprocess scheduler_0 (pid=2220) crashed with exit code -9."
+
+    def test_it_is_not_the_cause_nor_fatal(self) -> None:
+        served = {"served_us": 100_000_000, "ended_us": 130_000_000}
+        verdict = _judge(load_signature_table(), [self.IGNORED, SERVING, self.CRASHED], **served)
+        assert verdict.root_cause is not None and "crashed with exit code -9" in verdict.root_cause
+        assert verdict.severity is not Severity.FATAL
+        assert verdict.signature != "import_name_missing"
+
+    def test_alone_it_is_named_but_decides_nothing(self) -> None:
+        verdict = _judge(load_signature_table(), [self.IGNORED])
+        assert verdict.root_cause == self.IGNORED.split("] ", 1)[1]
+        assert verdict.severity is not Severity.FATAL
+        assert verdict.signature is None
+
+
+class TestAnEngineThatKillsItself:
+    """SGLang's launcher kills its own process tree with SIGKILL when a child fails, after
+    saying so: systemd's `killed:9` is then its own end, and the child's error decides (corpus
+    375). Without the engine's words the same ending is a kill from outside."""
+
+    LINES = (
+        "AssertionError: SGLANG_CPU_OMP_THREADS_BIND is not set, in this case, the total number "
+        "of ranks (dp_size * tp_size * pp_size = 3) should be smaller than or equal to number of "
+        "numa node on the machine 1.",
+        "[2026-12-05 07:28:56] Received sigquit from a child process. It usually means the child "
+        "failed.",
+        "[2026-12-05 07:28:56] kill_process_tree called: parent_pid=324, include_parent=True, "
+        "pid=324",
+    )
+
+    def test_its_own_sigkill_leaves_the_cause_to_decide(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, list(self.LINES), exit_code="killed", exit_status=9)
+        assert verdict.severity is Severity.FATAL
+        assert verdict.root_cause is not None and "AssertionError" in verdict.root_cause
+
+    def test_without_its_words_the_kill_is_from_outside(self, empty: SignatureTable) -> None:
+        verdict = _judge(empty, list(self.LINES[:1]), exit_code="killed", exit_status=9)
+        assert verdict.severity is not Severity.FATAL
+
+    def test_a_cleanup_of_its_children_is_no_self_kill(self, empty: SignatureTable) -> None:
+        lines = [
+            self.LINES[0],
+            self.LINES[2].replace("include_parent=True", "include_parent=False"),
+        ]
+        verdict = _judge(empty, lines, exit_code="killed", exit_status=9)
+        assert verdict.severity is not Severity.FATAL
+
+
+class TestAReraiseThatSaysWhy:
+    """An exception whose words say nothing of why, re-raised as one whose words do: the
+    re-raise is named (transformers over a JSONDecodeError: corpus 230, 377)."""
+
+    def _chain(self, inner: str, outer: str) -> list[str]:
+        return [
+            "Traceback (most recent call last):",
+            '  File "/v/json/decoder.py", line 353, in raw_decode',
+            "    obj, end = self.scan_once(s, idx)",
+            inner,
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):",
+            '  File "/v/transformers/configuration_utils.py", line 742, in _get_config_dict',
+            "    raise OSError(",
+            outer,
+        ]
+
+    def test_the_file_it_names_is_the_cause(self, empty: SignatureTable) -> None:
+        outer = (
+            "OSError: It looks like the config file at '/m/config.json' is not a valid JSON file."
+        )
+        lines = self._chain("json.decoder.JSONDecodeError: Unterminated string starting at: "
+                            "line 17 column 3 (char 349)", outer)  # fmt: skip
+        assert _judge(empty, lines).root_cause == outer
+
+    def test_an_inner_that_says_why_stays(self, empty: SignatureTable) -> None:
+        inner = "httpx.ReadError: [Errno 104] Connection reset by peer"
+        lines = self._chain(inner, "OSError: Can't load the configuration of 'org/model'.")
+        assert _judge(empty, lines).root_cause == inner
+
+
 class TestWhereAStartupCrashWasRaised:
     """A traceback cut before its exception line, before the server served: its innermost
     frame in deterministic code (model loading, kernels, configuration, a check) and no clue

@@ -166,6 +166,7 @@ BROKEN = [
     ('name = "x"\ncommands = [["x"]]', "commands: name default_port too"),
     ('name = "x"\ndefault_port = 80\ncommands = [["/bin/x"]]', "commands[0]: a word"),
     ('name = "x"\nstartup_frames = ["load("]', "startup_frames[0]: invalid regex"),
+    ('name = "x"\nself_kill = ["kill("]', "self_kill[0]: invalid regex"),
     ('name = "x"\nport_options = ["port"]', "port_options[0]: not a command-line option"),
     (
         'name = "x"\nport_lines = ["port (\\\\d+) (\\\\d+)"]',
@@ -241,6 +242,7 @@ KEYS = [
     "request_frames",
     "request_lines",
     "port_lines",
+    "self_kill",
     "serving",
     "death",
     "prefix",

@@ -199,7 +199,28 @@ class Classifier:
             candidates = [_as_context(c, lines[c.index], context_before_us) for c in candidates]
         best = min(candidates, key=_Candidate.key)
         best = _reraised_in_the_same_words(ann, _raised_instead(ann, best, candidates), candidates)
+        best = self._explained_by_its_reraise(ann, best, candidates)
         return self._verdict(ann, best, crashed_blocks), self._facts(ann, best), requests
+
+    def _explained_by_its_reraise(
+        self, ann: Annotated, best: _Candidate, candidates: list[_Candidate]
+    ) -> _Candidate:
+        """An exception whose words say nothing of why (`JSONDecodeError: Unterminated string
+        starting at: line 17 column 3`), re-raised as one whose words do (transformers' `OSError:
+        It looks like the config file at '.../config.json' is not a valid JSON file.`): the
+        re-raise names the cause an operator acts on. One whose own words read either way stays
+        (`Connection reset by peer` before a misleading `Can't load the configuration`)."""
+        block_id = ann.block_of[best.index]
+        if block_id < 0 or ann.roles[best.index] is not Role.EXCEPTION:
+            return best
+        if self.lexicon.words(ann.lines[best.index].text):
+            return best
+        later = [
+            c
+            for c in _reraises_of(ann, best, candidates)
+            if self.lexicon.line_kind(ann.lines[c.index].text) in CAUSE_READINGS
+        ]
+        return min(later, key=_Candidate.key) if later else best
 
     def _requests_own(self, ann: Annotated) -> _RequestErrors:
         """The tracebacks of requests' own errors (a class the lexicon's [[request]] names,
@@ -266,12 +287,21 @@ class Classifier:
             # A warning whose words name a cause, the loudest line of a start that then
             # stopped, is read for its words; any other guess only for its frame and ending.
             facts = dataclasses.replace(facts, guessed=not warned)
+        if _killed_itself(invocation):
+            facts = dataclasses.replace(facts, killed_itself=True)
         notes = (*verdict.notes, *_loss_notes(invocation, verdict))
         return dataclasses.replace(verdict, notes=notes), facts
 
     def _is_noise(self, text: str) -> bool:
         match = self.table.match(text)
         return match is not None and match.signature.kind == "noise"
+
+    def _coped(self, text: str) -> bool:
+        """The line says the program coped and went on (a retry, a fallback, `Ignore ...`),
+        unless its words name a shortfall outright (`Use the profiled value instead` of a value
+        below zero copes with nothing)."""
+        kind = self.lexicon.line_kind(text)
+        return kind is Reads.HANDLED and not self.lexicon.names_a_shortfall(text)
 
     def _reads(self, text: str) -> bool:
         """The lexicon reads `text`'s words as a cause (not a pointer, not a coped report)."""
@@ -340,12 +370,14 @@ class Classifier:
             match = self.table.match(line.text.strip(), frames=frames)
         if match is not None:
             candidate = _from_match(index, text, match)
-            if (
-                candidate is not None
-                and role is Role.MESSAGE
-                and (line.level in _QUIET_LEVELS or _caught(line))
-                and candidate.tier == _TIER_CAUSE
-            ):
+            if candidate is None or role is not Role.MESSAGE or candidate.tier != _TIER_CAUSE:
+                return candidate
+            if self._coped(line.text):
+                # A line saying the program coped and went on (SGLang's `Ignore import error
+                # when loading <model>: ...`, at every start) ended nothing: the cause its words
+                # name is not this crash's, and it ranks below every other warning.
+                return _Candidate(_TIER_WARNING, -1, index, text, None)
+            if line.level in _QUIET_LEVELS or _caught(line):
                 # A cause's words in a line logged as information (a retry, a fallback) or in
                 # an exception the program caught and went on from rank below an error; a
                 # traceback's last line is the exception whatever its level.
@@ -544,15 +576,28 @@ def _reraised_in_the_same_words(
             return best
         again = [
             c
-            for c in candidates
-            if c.tier >= best.tier
-            and (b := ann.block_of[c.index]) >= 0
-            and ann.blocks[b].chained_from == block_id
-            and _exception_words(ann, c.index) == words
+            for c in _reraises_of(ann, best, candidates)
+            if _exception_words(ann, c.index) == words
         ]
         if not again:
             return best
         best = min(again, key=_Candidate.key)
+
+
+def _reraises_of(
+    ann: Annotated, best: _Candidate, candidates: list[_Candidate]
+) -> list[_Candidate]:
+    """The exception lines, ranked at least as high, of the tracebacks raised straight from
+    `best`'s (`The above exception was the direct cause ...`, `During handling ...`)."""
+    block_id = ann.block_of[best.index]
+    return [
+        c
+        for c in candidates
+        if c.tier >= best.tier
+        and (b := ann.block_of[c.index]) >= 0
+        and ann.blocks[b].chained_from == block_id
+        and ann.roles[c.index] is Role.EXCEPTION
+    ]
 
 
 def _exception_words(ann: Annotated, index: int) -> str | None:
@@ -654,7 +699,10 @@ def _crash_site(ann: Annotated, block: TracebackBlock | None) -> str | None:
 _STARTUP_FRAMES: re.Pattern[str]
 _SERVING_FRAMES: re.Pattern[str]
 _REQUEST_HANDLERS: re.Pattern[str]  # the engine files' request_frames
+_SELF_KILL: re.Pattern[str]  # the engine files' self_kill
+_SELF_KILL_TAIL = 20  # its main process's last lines it is looked for in
 _NEVER = r"(?!)"
+_SIGKILL = 9
 
 
 def _any_of(patterns: tuple[str, ...]) -> str:
@@ -664,8 +712,9 @@ def _any_of(patterns: tuple[str, ...]) -> str:
 def _use_engines(engines: Engines) -> None:
     """What the engine files say of requests, paths and frames (profiles.follow)."""
     global _REQUEST_LOG, _SERVER_PATHS, _MODEL_PATHS, _STARTUP_FRAMES, _SERVING_FRAMES
-    global _REQUEST_HANDLERS
+    global _REQUEST_HANDLERS, _SELF_KILL
     _REQUEST_LOG = re.compile(_any_of(engines.request_lines))
+    _SELF_KILL = re.compile(_any_of(engines.self_kill))
     _REQUEST_HANDLERS = re.compile(rf"\bin (?:{_any_of(engines.request_frames)})\b")
     _SERVER_PATHS = engines.server_paths
     _MODEL_PATHS = engines.model_paths
@@ -698,6 +747,15 @@ def clients_from(lines: Sequence[ParsedLine]) -> int:
         if _REQUEST_LOG.search(line.text) or is_serving_line(line.text):
             return index
     return len(lines)
+
+
+def _killed_itself(invocation: Invocation) -> bool:
+    """Its main process died of SIGKILL right after the engine said it kills its own process
+    tree (SGLang, when a child fails: `kill_process_tree called: ..., include_parent=True`)."""
+    if invocation.exit_code != "killed" or invocation.exit_status != _SIGKILL:
+        return False
+    tail = invocation.lines[-_SELF_KILL_TAIL:]
+    return any(_SELF_KILL.search(line.text) for line in tail)
 
 
 def _client_may_write(line: ParsedLine, index: int, opened: int) -> bool:

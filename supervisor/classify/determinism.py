@@ -152,7 +152,7 @@ def weigh(
     lexicon = lexicon or default_lexicon()
     cause = (verdict.root_cause or "")[:_MAX_CAUSE_CHARS]
     clues: list[Clue] = []
-    if invocation is not None and (ended := _killed(invocation, phase)) is not None:
+    if invocation is not None and (ended := _killed(invocation, phase, facts)) is not None:
         clues.append(ended)
     if not (facts.pointer or facts.guessed):
         words = (facts.words or cause)[:_MAX_CAUSE_CHARS]
@@ -181,10 +181,13 @@ _OUTSIDE_SIGNALS = {9: "SIGKILL", 15: "SIGTERM"}
 _SYSTEMD_OWN_KILLS = frozenset({"timeout", "watchdog"})
 
 
-def _killed(invocation: Invocation, phase: Phase | None) -> Clue | None:
+def _killed(invocation: Invocation, phase: Phase | None, facts: CauseFacts) -> Clue | None:
     """How systemd says the invocation ended, when that was a kill: the OOM killer before the
     server ever served (the load's memory peak, met again: leans deterministic), or any other
-    kill from outside (the OOM killer after serving, a person's or an orchestrator's signal)."""
+    kill from outside (the OOM killer after serving, a person's or an orchestrator's signal).
+    An engine that said it kills its own process tree ended itself (`facts.killed_itself`)."""
+    if facts.killed_itself and not invocation.oom_killed:
+        return None
     if invocation.oom_killed and phase is not None and not phase.served and phase.start_seen:
         said = "killed by the OOM killer before the server ever served"
         return Clue("oom_kill_while_loading", Reads.DETERMINISTIC, Strength.WEAK, said, "ended")
@@ -250,7 +253,12 @@ def assess(
                 f"in its own lines says why: systemd's record is the cause, and a restart does "
                 f"not meet someone else's signal again{clues}",
             )
-        if (said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)) is not None:
+        # "Use the profiled value instead" of a value below zero copes with nothing.
+        words = lexicon or default_lexicon()
+        coped = words.line_kind(cause) is Reads.HANDLED and not words.names_a_shortfall(cause)
+        if not coped and (
+            said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)
+        ):
             return _inferred(
                 verdict,
                 Severity.FATAL,
@@ -361,10 +369,11 @@ def _quiet_cause_settles(
 
     An engineer reads `flashinfer-cubin version (0.6.13) does not match ...` printed right
     before a bare exit as the cause; a line after serving, or one whose run was killed, or
-    one with any word the other way, proves nothing."""
+    one with any word the other way, or one saying the program coped and went on (`Ignore
+    import error ...`, read by `assess`), proves nothing."""
     if facts.guessed or facts.pointer or phase.served or not phase.start_seen:
         return None
-    if invocation.oom_killed or invocation.exit_code == "killed":
+    if invocation.oom_killed or (invocation.exit_code == "killed" and not facts.killed_itself):
         return None
     if evidence.conflict or any(c.reads is Reads.INDETERMINATE for c in evidence.clues):
         return None

@@ -91,6 +91,10 @@ class Engines:
         return _unique(s for p in self.profiles for s in p.port_lines)
 
     @property
+    def self_kill(self) -> tuple[str, ...]:
+        return _unique(s for p in self.profiles for s in p.self_kill)
+
+    @property
     def serving(self) -> tuple[LineRule, ...]:
         return tuple(rule for p in self.profiles for rule in p.serving)
 

@@ -40,6 +40,7 @@ _KEYS: Mapping[str, type] = MappingProxyType(
         "request_frames": list,
         "request_lines": list,
         "port_lines": list,
+        "self_kill": list,
         "serving": list,
         "death": list,
         "phase": list,
@@ -125,6 +126,9 @@ class EngineProfile:
     request_frames: tuple[str, ...] = ()
     request_lines: tuple[str, ...] = ()  # a request logged: it quotes what a client sent
     port_lines: tuple[str, ...] = ()  # a bind error's port, in the regex's one group
+    # The engine saying it kills its own process tree (itself included): a SIGKILL of its main
+    # process after it is its own end, not a kill from outside.
+    self_kill: tuple[str, ...] = ()
     serving: tuple[LineRule, ...] = ()
     death: tuple[LineRule, ...] = ()
     phases: tuple[PhaseRule, ...] = ()
@@ -376,6 +380,7 @@ def parse_engine(raw: Mapping[str, Any], path: Path) -> EngineProfile:
         request_frames=_frames(raw, "request_frames", where),
         request_lines=_regexes(raw, "request_lines", where),
         port_lines=_port_lines(raw, where),
+        self_kill=_regexes(raw, "self_kill", where),
         serving=_rules(raw, "serving", where),
         death=_rules(raw, "death", where),
         phases=_phases(raw, where),
