@@ -48,7 +48,8 @@ def signature_table(signatures: int, *, root: Path | None = None) -> Path:
 
 
 def varied_signature(entry: dict[str, object], copy: int) -> dict[str, object]:
-    """`entry` as copy `copy`: its id suffixed, each pattern needing ` [copy K]` at the end."""
+    """`entry` as copy `copy`: its id suffixed, each pattern (and example) needing ` [copy K]` at
+    the end."""
     patterns = entry["patterns"]
     assert isinstance(patterns, list)
     varied = {
@@ -57,6 +58,8 @@ def varied_signature(entry: dict[str, object], copy: int) -> dict[str, object]:
         "patterns": [f"{p}.* \\[copy {copy}\\]$" for p in patterns],
     }
     varied.pop("vectors", None)
+    if isinstance(examples := entry.get("examples"), list):  # checked against the patterns
+        varied["examples"] = [f"{example} [copy {copy}]" for example in examples]
     return varied
 
 
