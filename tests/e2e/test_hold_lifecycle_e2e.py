@@ -252,7 +252,9 @@ def test_release_starts_a_held_unit_now_and_ends_its_timer(container: Container)
     )
     print(f"released at {released:.3f}, started {ran[0]:.3f}, deadline was {record['until']:.3f}")
     assert ran[0] - released < 5, (released, ran)
-    assert ran[0] < record["until"] - 10, (record, ran)
+    # Before the deadline, so the release started it, not the timer (AccuracySec=1s): how long
+    # the hold had already stood when the test saw it depends on the machine's load.
+    assert ran[0] < record["until"] - 2, (record, ran)
     assert hold_record(container) is None
     assert listed_timers(container) == [], container.systemctl("list-timers", "--all").stdout
     assert hold_units(container) == [], hold_units(container)
