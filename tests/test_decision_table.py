@@ -123,7 +123,7 @@ class TestDecisionTable:
         verdict, (decision,) = _decide(without_hub, label)
         assert (decision.action, decision.rule) == (Action.ALLOW_RESTART, "transient")
         assert (verdict.basis, verdict.severity) == ("inferred", Severity.TRANSIENT)
-        assert verdict.root_cause == "httpcore2.ConnectError: [Errno -2] Name or service not known"
+        assert verdict.root_cause == "httpx2.ConnectError: [Errno -2] Name or service not known"
         assert verdict.severity_reason is not None
         assert verdict.severity_reason.startswith("transient (inferred)")
         # With the table: its signature says the same, on its own authority.
