@@ -104,8 +104,7 @@ def test_a_go_panic_is_the_cause() -> None:
     lines = [
         'time=2024-09-11T16:56:38.833-07:00 level=INFO source=routes.go:1172 msg="Listening on '
         '127.0.0.1:11434 (version 0.3.10)"',
-        "panic: runtime error: invalid memory address or nil pointer dereference",
-        "[signal SIGSEGV: segmentation violation code=0x1 addr=0x0 pc=0x5e1b2f]",
+        "panic: assignment to entry in nil map",
         "",
         "goroutine 52 [running]:",
         "github.com/ollama/ollama/server.(*Server).GenerateHandler(0xc000, 0xc0001)",
