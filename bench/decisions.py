@@ -177,8 +177,8 @@ def kernel_records(text: str) -> list[str]:
             continue
         if records and not _DMESG_TIME.match(line) and line[:1].isspace():
             records[-1] += "\n" + line.strip()
-        else:
-            records.append(_DMESG_TIME.sub("", line, count=1))
+        elif record := _DMESG_TIME.sub("", line, count=1).strip():
+            records.append(record)
     return records
 
 

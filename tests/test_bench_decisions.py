@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bench.decisions import (
@@ -398,6 +398,14 @@ class TestInputs:
             "NVRM: The NVIDIA probe routine failed for 1 device(s).",
             "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=python3, Ch 00000001",
         ]
+
+    @given(st.text(max_size=400))
+    @example("kernel: \n[ 1.0] \n   x\n")
+    def test_any_paste_gives_records_of_its_text(self, text: str) -> None:
+        """Whatever was pasted, each record is text of it, and none is blank."""
+        for record in kernel_records(text):
+            assert record.strip()
+            assert all(part.strip() in text for part in record.split("\n"))
 
     def test_index_source_column(self, tmp_path: Path) -> None:
         """`source = kernel` marks a log of the kernel's own lines; another value stops the
