@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import signal
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -210,9 +211,6 @@ class Classifier:
         It looks like the config file at '.../config.json' is not a valid JSON file.`): the
         re-raise names the cause an operator acts on. One whose own words read either way stays
         (`Connection reset by peer` before a misleading `Can't load the configuration`)."""
-        block_id = ann.block_of[best.index]
-        if block_id < 0 or ann.roles[best.index] is not Role.EXCEPTION:
-            return best
         if self.lexicon.words(ann.lines[best.index].text):
             return best
         later = [
@@ -296,13 +294,6 @@ class Classifier:
         match = self.table.match(text)
         return match is not None and match.signature.kind == "noise"
 
-    def _coped(self, text: str) -> bool:
-        """The line says the program coped and went on (a retry, a fallback, `Ignore ...`),
-        unless its words name a shortfall outright (`Use the profiled value instead` of a value
-        below zero copes with nothing)."""
-        kind = self.lexicon.line_kind(text)
-        return kind is Reads.HANDLED and not self.lexicon.names_a_shortfall(text)
-
     def _reads(self, text: str) -> bool:
         """The lexicon reads `text`'s words as a cause (not a pointer, not a coped report)."""
         return self.lexicon.line_kind(text) in CAUSE_READINGS
@@ -372,7 +363,7 @@ class Classifier:
             candidate = _from_match(index, text, match)
             if candidate is None or role is not Role.MESSAGE or candidate.tier != _TIER_CAUSE:
                 return candidate
-            if self._coped(line.text):
+            if self.lexicon.coped(line.text):
                 # A line saying the program coped and went on (SGLang's `Ignore import error
                 # when loading <model>: ...`, at every start) ended nothing: the cause its words
                 # name is not this crash's, and it ranks below every other warning.
@@ -570,9 +561,8 @@ def _reraised_in_the_same_words(
     the same cause in the words its callers know: take the last of such re-raises. A re-raise
     in other words (`Can't load the configuration of ...`) is a consequence and stays behind."""
     while True:
-        block_id = ann.block_of[best.index]
         words = _exception_words(ann, best.index)
-        if block_id < 0 or words is None:
+        if words is None:
             return best
         again = [
             c
@@ -588,8 +578,11 @@ def _reraises_of(
     ann: Annotated, best: _Candidate, candidates: list[_Candidate]
 ) -> list[_Candidate]:
     """The exception lines, ranked at least as high, of the tracebacks raised straight from
-    `best`'s (`The above exception was the direct cause ...`, `During handling ...`)."""
+    `best`'s (`The above exception was the direct cause ...`, `During handling ...`); none
+    when `best` is not a traceback's exception line."""
     block_id = ann.block_of[best.index]
+    if block_id < 0 or ann.roles[best.index] is not Role.EXCEPTION:
+        return []
     return [
         c
         for c in candidates
@@ -702,7 +695,6 @@ _REQUEST_HANDLERS: re.Pattern[str]  # the engine files' request_frames
 _SELF_KILL: re.Pattern[str]  # the engine files' self_kill
 _SELF_KILL_TAIL = 20  # its main process's last lines it is looked for in
 _NEVER = r"(?!)"
-_SIGKILL = 9
 
 
 def _any_of(patterns: tuple[str, ...]) -> str:
@@ -752,7 +744,7 @@ def clients_from(lines: Sequence[ParsedLine]) -> int:
 def _killed_itself(invocation: Invocation) -> bool:
     """Its main process died of SIGKILL right after the engine said it kills its own process
     tree (SGLang, when a child fails: `kill_process_tree called: ..., include_parent=True`)."""
-    if invocation.exit_code != "killed" or invocation.exit_status != _SIGKILL:
+    if invocation.exit_code != "killed" or invocation.exit_status != signal.SIGKILL:
         return False
     tail = invocation.lines[-_SELF_KILL_TAIL:]
     return any(_SELF_KILL.search(line.text) for line in tail)

@@ -253,10 +253,7 @@ def assess(
                 f"in its own lines says why: systemd's record is the cause, and a restart does "
                 f"not meet someone else's signal again{clues}",
             )
-        # "Use the profiled value instead" of a value below zero copes with nothing.
-        words = lexicon or default_lexicon()
-        coped = words.line_kind(cause) is Reads.HANDLED and not words.names_a_shortfall(cause)
-        if not coped and (
+        if not (lexicon or default_lexicon()).coped(cause) and (
             said := _quiet_cause_settles(verdict, facts, evidence, phase, invocation)
         ):
             return _inferred(

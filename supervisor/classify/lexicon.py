@@ -199,6 +199,12 @@ class Lexicon:
         an allocator's budget below zero), whatever the level of the line."""
         return self._decisive is not None and bool(text) and bool(self._decisive.Match(text))
 
+    def coped(self, text: str) -> bool:
+        """The line says the program coped and went on (a retry, a fallback, `Ignore ...`),
+        unless its words name a shortfall outright (`Use the profiled value instead` of a
+        value below zero copes with nothing)."""
+        return self.line_kind(text) is Reads.HANDLED and not self.names_a_shortfall(text)
+
     def line_kind(self, text: str) -> Reads | None:
         """A pointer or a handled report first (whatever else the line says), then a line
         whose words read either way, else None."""

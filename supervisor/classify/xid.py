@@ -115,13 +115,13 @@ def parse_xid(text: str) -> XidLine | None:
         return _fallen_at_probe(text)
     code = int(found.group("xid"))
     detail = _PID.sub("", found.group("rest"), count=1).strip().rstrip(".")
-    follows = _FOLLOWS.search(detail)
+    follows = int(m.group(1)) if (m := _FOLLOWS.search(detail)) else None
     return XidLine(
         pci=found.group("pci").lower(),
         code=code,
         detail=detail,
         text=text[found.start() :],
-        follows=int(follows.group(1)) if follows and int(follows.group(1)) != code else None,
+        follows=follows if follows != code else None,
     )
 
 
