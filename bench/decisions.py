@@ -3,12 +3,14 @@
 Every labelled log of the corpus (tests/data/corpus, plus `--corpus DIR`...) is written as a
 5-invocation crash loop of `vllm.service` under `Restart=always` into a real journal
 (bench/crashloop.py, systemd-journal-remote) and read back by `supervisor.commands.triage.collect`,
-the daemon's own Pipeline. Per log: the decision of each invocation, whether the first crash
-halted, the restarts a fatal loop wasted, whether a transient loop was halted, whether
-invocation 1's root cause holds the label's key, what the loop would cost a real unit over a day
-(`restarts_per_day`, DayModel) and whether it was left unbounded (neither halted nor held).
-Verdicts and decisions are read only through `Outcome.to_json()` (the JSON contract), so the
-bench survives rewrites of the tracker, classifier and policy.
+the daemon's own Pipeline, with the one reading of the host the daemon makes at a crash's end
+and `triage` does not (whether the listen address it could not bind is on the host: this
+host, where the recorded logs were made). Per log: the decision of each invocation, whether
+the first crash halted, the restarts a fatal loop wasted, whether a transient loop was
+halted, whether invocation 1's root cause holds the label's key, what the loop would cost a real
+unit over a day (`restarts_per_day`, DayModel) and whether it was left unbounded (neither
+halted nor held). Verdicts and decisions are read only through `Outcome.to_json()` (the JSON
+contract), so the bench survives rewrites of the tracker, classifier and policy.
 
 Options: `--corpus DIR` (repeatable; INDEX.tsv with file, expected_severity, root_cause_key and
 optionally engine, phase, served_s: a serving log is replayed after a serving line and that
@@ -32,6 +34,7 @@ each start of a loop loads for S seconds before it crashes, 600 by default, a la
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import fnmatch
 import functools
@@ -43,7 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,7 +68,9 @@ from vllm_supervisor.classify.signatures import SignatureTable
 from vllm_supervisor.classify.table import load_table
 from vllm_supervisor.commands.triage import collect
 from vllm_supervisor.config import Config, JournalConfig, SignaturesConfig, UnitConfig
+from vllm_supervisor.decide.address_evidence import AddressEvidence
 from vllm_supervisor.decide.pacing import SECONDS_PER_DAY, Schedule
+from vllm_supervisor.model import Ended, Evidence
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = REPO / "tests" / "data" / "corpus"
@@ -211,6 +216,20 @@ _TABLES: dict[tuple[tuple[Path, ...], frozenset[str]], SignatureTable] = {}
 NOTHING: frozenset[str] = frozenset()
 
 
+def _the_host_at_the_crash(config: Config) -> Callable[[Ended, Evidence], Evidence]:
+    """What the daemon reads of its own host the moment a crash ends, which `triage` never
+    reads: whether the listen address a crash could not bind is on the host (AddressEvidence).
+    The replay's host is this one, where the recorded logs were made; a pasted log's address
+    is on no interface here either, as its own error said of its host."""
+
+    def provide(ended: Ended, evidence: Evidence) -> Evidence:
+        at_s = (ended.invocation.ended_us or 0) / 1e6 + 1.0
+        hook = AddressEvidence(config, clock=lambda: at_s)
+        return asyncio.run(hook.evidence(ended, evidence))
+
+    return provide
+
+
 def _config_and_table(
     reader: str, signatures: tuple[Path, ...], removed: frozenset[str] = NOTHING
 ) -> tuple[Config, SignatureTable]:
@@ -255,7 +274,9 @@ def replay(
             kernel_lines=kernel,
         ).invocation_ids
         config, table = _config_and_table(reader, signatures, removed)
-        outcomes = tuple(o.to_json() for o in collect(str(directory), config=config, table=table))
+        live = (_the_host_at_the_crash(config),)
+        found = collect(str(directory), config=config, table=table, providers=live)
+        outcomes = tuple(o.to_json() for o in found)
     except Exception:  # reported with its traceback, never hidden: see LogRun.error
         return LogRun(
             log=log,

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from ..decide.port_evidence import port_of
-from ..environment.addresses import is_local, not_assigned
+from ..environment.addresses import could_not_bind, is_local
 from ..environment.execstart import interpreter_from_exec_start
 from ..environment.fingerprint import UnitSettings, changes, needs_settings, render, take
 from ..environment.ports import holders, listeners
@@ -67,7 +67,7 @@ def evidence_of(outcome: Outcome) -> dict[str, Any] | None:
         port = port_of(dict(verdict.captures), verdict.root_cause, None)
         return None if port is None else {"kind": "port_held", "port": port}
     address = verdict.captures.get("address")
-    if address and not_assigned(verdict.root_cause):
+    if address and could_not_bind(verdict.root_cause):
         return {"kind": "address_missing", "address": address}
     for pattern in _MISSING_PATH:
         found = pattern.search(verdict.root_cause or "")

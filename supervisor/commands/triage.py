@@ -33,7 +33,7 @@ from ..journal import (
     sniff,
 )
 from ..model import Action, Ended, Outcome
-from ..pipeline import KernelLine, Pipeline
+from ..pipeline import KernelLine, Pipeline, Provider
 from ..story import NO_ROOT_CAUSE, decided, shown
 from ..util.text import for_terminal, visible
 from .options import config_path
@@ -69,15 +69,18 @@ def triage(
     return 0
 
 
-def collect(source: str, *, config: Config, table: SignatureTable) -> list[Outcome]:
-    """The outcomes of every failed or crashed invocation in `source`."""
+def collect(
+    source: str, *, config: Config, table: SignatureTable, providers: Sequence[Provider] = ()
+) -> list[Outcome]:
+    """The outcomes of every failed or crashed invocation in `source`; `providers` add
+    evidence `triage` itself never gathers (the bench's replay of the daemon's live host)."""
     pipeline = Pipeline(config, table)
     drift = RecordedDrift(config.state.state_dir)
     kernel: list[KernelLine] = []
     try:
         ended = _ended(source, pipeline, kernel)
         gpu_faults = pipeline.gpu_faults(kernel)
-        return _reported(pipeline.decide_all(ended, [drift.evidence, gpu_faults]))
+        return _reported(pipeline.decide_all(ended, [drift.evidence, gpu_faults, *providers]))
     finally:
         drift.close()
 

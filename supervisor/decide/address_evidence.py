@@ -1,8 +1,10 @@
 """The evidence of a listen address not on this host, and the verdict it makes.
 
 `AddressEvidence` (a batch hook of the daemon's, like the port's holder) notes, for a start-up
-crash that could not bind its address (`[Errno 99] Cannot assign requested address`) on this
-host just now, the address the server was told to listen on when this host does not have it.
+crash that could not bind its address (`[Errno 99] Cannot assign requested address`, or a bind
+failure in the server's own words naming an address) on this host just now, the address the
+server was told to listen on when this host does not have it; an address this host has leaves a
+bind failure to the port's evidence.
 `address_verdict` then makes the crash fatal with the address in its captures: the policy halts
 it, and the quarantine record keeps the address (supervisor.actions.evidence) so the halt lifts
 by itself once the address is there (the gate at a start, the recheck timer on a schedule): a
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..config import Config
-from ..environment.addresses import is_local, listen_address, not_assigned
+from ..environment.addresses import bind_address, could_not_bind, is_local
 from ..model import Basis, Confidence, Ended, Evidence, JournalEntry, Severity, Verdict
 from .port_evidence import crash_here_now
 
@@ -48,11 +50,12 @@ class AddressEvidence:
         """The evidence with the address the crash could not bind, when this host lacks it
         now; unchanged for any other crash, another host's or an old one."""
         inv = ended.invocation
-        if not not_assigned(ended.reading.root_cause) or evidence.phase.served:
+        cause = ended.reading.root_cause
+        if not could_not_bind(cause) or evidence.phase.served:
             return evidence
         if not crash_here_now(inv, self._clock(), self.config, self._machine_id):
             return evidence
-        address = listen_address(line.text for line in inv.lines)
+        address = bind_address(cause, (line.text for line in inv.lines))
         if address is None or await asyncio.to_thread(is_local, address) is not False:
             return evidence
         return dataclasses.replace(evidence, address=address)

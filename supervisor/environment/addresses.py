@@ -21,11 +21,40 @@ _HOST_IN_TEXT = (
     re.compile(r"--host[= ]([0-9A-Fa-f.:]+)\b"),  # a command line the server or a wrapper echoed
 )
 _NOT_ASSIGNED = re.compile(r"\[Errno 99\]|EADDRNOTAVAIL|[Cc]annot assign requested address")
+# A bind failure in a server's own words, with no errno (llama.cpp's "couldn't bind HTTP server
+# socket, hostname: H, port: P" is the same for a port in use and an address not here).
+_BIND_FAILED = re.compile(r"(?i)\b(?:couldn't|could not|cannot|failed to|unable to) bind\b")
+_ADDRESS_LIKE = re.compile(r"[0-9A-Fa-f]*[.:][0-9A-Fa-f.:]*[0-9A-Fa-f]")
 
 
 def not_assigned(text: str | None) -> bool:
     """True when `text` (a crash's root cause) is the kernel's "not an address of this host"."""
     return bool(text) and _NOT_ASSIGNED.search(text or "") is not None
+
+
+def could_not_bind(text: str | None) -> bool:
+    """True when `text` (a crash's root cause) says an address could not be bound: errno 99,
+    or a bind failure in a server's own words, whose address then tells what was missing."""
+    return not_assigned(text) or _BIND_FAILED.search(text or "") is not None
+
+
+def bind_address(root_cause: str | None, texts: Iterable[str]) -> str | None:
+    """The address a bind failure names on its own line (llama.cpp's "hostname: 10.0.0.5"),
+    else the server's listen address from its lines (`listen_address`)."""
+    for candidate in _ADDRESS_LIKE.findall(root_cause or ""):
+        address = _specific(candidate.strip(":."))
+        if address is not None:
+            return address
+    return listen_address(texts)
+
+
+def _specific(text: str) -> str | None:
+    """`text` as an IP address that names one host (not 0.0.0.0 or ::); None otherwise."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return None if address.is_unspecified else str(address)
 
 
 def listen_address(texts: Iterable[str]) -> str | None:
@@ -34,14 +63,9 @@ def listen_address(texts: Iterable[str]) -> str | None:
     for text in texts:
         for pattern in _HOST_IN_TEXT:
             found = pattern.search(text)
-            if found is None:
-                continue
-            try:
-                address = ipaddress.ip_address(found.group(1))
-            except ValueError:
-                continue
-            if not address.is_unspecified:
-                return str(address)
+            address = None if found is None else _specific(found.group(1))
+            if address is not None:
+                return address
     return None
 
 
