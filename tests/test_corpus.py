@@ -51,9 +51,9 @@ KNOWN_MISSES = {
     # A request-triggered NotImplementedError 5 s after serving: unknown, halted when the
     # same request crashes it again right after each start.
     "330-tgi-invalid-json-schema-grammar-crash.log": "unknown after serving",
-    # Hold-out, recorded here: `--host` an address the host lacks. EADDRNOTAVAIL reads both
-    # ways (an interface that comes up later, a unit ordered before the network): unknown,
-    # halted when it repeats; nothing was changed for a hold-out log.
+    # Recorded here: `--host` an address the host lacks. EADDRNOTAVAIL reads both ways (an
+    # interface that comes up later, a unit ordered before the network): unknown by its words;
+    # the daemon's look at the host's addresses holds it (tests/test_address_evidence.py).
     "235-real-vllm-host-address-not-local.log": "cannot assign requested address: unknown",
     # Batch 3, all hold-outs (keys set before they were scored; nothing changed for them).
     # transformers' note of the failed import, two lines before the ImportError of the key:
@@ -63,6 +63,12 @@ KNOWN_MISSES = {
     # the host does not have prints the same `couldn't bind HTTP server socket` as a port held by
     # another process (345, 351); only the daemon's live address check tells them apart.
     "353-real-llamacpp-host-address-not-local.log": "a bind's failure reads transient",
+    # vLLM batch 4 (hold-outs, recorded here): the key is vLLM's LoRAAdapterNotFoundError; the
+    # cause chosen is the FileNotFoundError it was raised from, naming the missing file under
+    # the adapter's path (an inner exception whose own words say why stays the cause).
+    "503-real-vllm-lora-module-path-missing.log": "the inner FileNotFoundError, not its wrapper",
+    # libzmq's errno_assert, then abort(): its words and source place only.
+    "511-real-vllm-nofile-limit-16.log": "a native assertion in libzmq's form",
     # SGLang, recorded here (tests/data/journals/real-sglang; first scored with 9 misses here,
     # their README). huggingface_hub's HFValidationError, re-raised by SGLang as the key's
     # OSError with the same message and one sentence less: the same words, one exception earlier.

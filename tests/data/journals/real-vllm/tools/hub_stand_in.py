@@ -1,7 +1,9 @@
 """A model hub stand-in on loopback: answers every request with one HTTP status, or never,
 or resets the connection, or answers as the hub does for a repository it does not know.
+Batch 4: `hang-files` answers the hub API (/api/...) at once with a repository's commit and
+never answers a file request (HEAD/GET .../resolve/...): the API up, the file store hanging.
 
-Usage: python3 hub_stand_in.py PORT 429|503|500|hang|reset|repo-not-found
+Usage: python3 hub_stand_in.py PORT 429|503|500|hang|hang-files|reset|repo-not-found
 """
 import http.server
 import socket
@@ -31,6 +33,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         if mode == "hang":
             time.sleep(3600)
+            return
+        if mode == "hang-files":
+            if not self.path.startswith("/api/"):
+                time.sleep(3600)
+                return
+            body = b'{"id":"Qwen/Qwen2.5-0.5B-Instruct","sha":"' + b"a" * 40 + b'","siblings":[]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
             return
         if mode == "repo-not-found":  # what huggingface.co answers for an unknown repo id
             body = b'{"error":"Repository not found"}'

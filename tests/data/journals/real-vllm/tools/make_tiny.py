@@ -6,6 +6,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers, pr
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 out = sys.argv[1] if len(sys.argv) > 1 else "/opt/vllm-real/models/tiny"
+LAYERS = int(sys.argv[2]) if len(sys.argv) > 2 else 2  # batch 4: 1 for tiny-1layer-weights
 # Train on the Python standard library's own sources: local text, no download.
 files = sorted(glob.glob("/usr/lib/python3.11/*.py"))[:60]
 tok = Tokenizer(models.BPE(unk_token=None))
@@ -22,7 +23,7 @@ fast.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
 fast.save_pretrained(out)
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                  num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
                   max_position_embeddings=512, bos_token_id=0, eos_token_id=1, pad_token_id=2,
                   tie_word_embeddings=False, torch_dtype="bfloat16")
 model = LlamaForCausalLM(cfg).to(torch.bfloat16)
