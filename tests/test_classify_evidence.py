@@ -591,6 +591,10 @@ class TestANativeAssertion:
             GGML,
             "llama-server: ggml.c:1234: ggml_new_tensor_impl: Assertion `n_dims <= 4' failed.",
             "Check failed: (status == cudaSuccess) is false: invalid resource handle",
+            # libzmq's zmq_assert and errno_assert (vLLM's ZMQ sockets under LimitNOFILE=16:
+            # corpus 511, recorded here), then abort()
+            "Assertion failed: check () (src/msg.cpp:347)",
+            "Too many open files (src/epoll.cpp:38)",
         ],
     )
     def test_it_is_the_cause_and_fatal_before_serving(
@@ -607,8 +611,15 @@ class TestANativeAssertion:
         assert verdict.root_cause == self.GGML
         assert verdict.severity is not Severity.FATAL
 
-    def test_the_words_alone_are_no_assertion(self, empty: SignatureTable) -> None:
-        line = "the health check failed"
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "the health check failed",
+            "loaded weights (model.py:12)",  # a Python file's place: not a native assertion
+            "listening on 8080 (src/main.rs:12)",  # Rust: its panics have their own form
+        ],
+    )
+    def test_the_words_alone_are_no_assertion(self, empty: SignatureTable, line: str) -> None:
         verdict = _judge(empty, [line])
         assert verdict.severity_reason is None or "AssertionError" not in verdict.severity_reason
 

@@ -67,8 +67,6 @@ KNOWN_MISSES = {
     # cause chosen is the FileNotFoundError it was raised from, naming the missing file under
     # the adapter's path (an inner exception whose own words say why stays the cause).
     "503-real-vllm-lora-module-path-missing.log": "the inner FileNotFoundError, not its wrapper",
-    # libzmq's errno_assert, then abort(): its words and source place only.
-    "511-real-vllm-nofile-limit-16.log": "a native assertion in libzmq's form",
     # SGLang, recorded here (tests/data/journals/real-sglang; first scored with 9 misses here,
     # their README). huggingface_hub's HFValidationError, re-raised by SGLang as the key's
     # OSError with the same message and one sentence less: the same words, one exception earlier.

@@ -12,6 +12,8 @@ from vllm_supervisor.classify.logline import (
     Role,
     annotate,
     carried_cause,
+    exception_name,
+    is_native_assert,
     parse_line,
     parse_lines,
 )
@@ -603,3 +605,26 @@ class TestCarriedCauses:
             ]
         )
         assert [block.intro for block in ann.blocks] == [1, 4]
+
+
+class TestNativeAssertionForms:
+    """libzmq's assertions are a whole line closed by a C or C++ source file's place; any other
+    text read for one never fails, and a Python or Rust file's place is not one."""
+
+    @given(
+        words=st.from_regex(r"[A-Za-z][A-Za-z0-9 ,'=<>_-]{0,80}[a-z0-9]", fullmatch=True),
+        path=st.from_regex(r"(?:[a-z_]{1,8}/){0,3}[a-z_]{1,12}", fullmatch=True),
+        suffix=st.sampled_from(("c", "cc", "cpp", "cxx", "hpp")),
+        line=st.integers(1, 99_999),
+    )
+    def test_words_then_a_native_source_place(
+        self, words: str, path: str, suffix: str, line: int
+    ) -> None:
+        text = f"{words} ({path}.{suffix}:{line})"
+        assert is_native_assert(text)
+        assert exception_name(text) == "AssertionError"
+        assert not is_native_assert(f"{words} ({path}.py:{line})")
+
+    @given(st.text(max_size=400))
+    def test_no_text_makes_the_reading_fail(self, text: str) -> None:
+        assert isinstance(is_native_assert(text), bool)

@@ -616,6 +616,10 @@ _NATIVE_ASSERT = re.compile(
     r"GGML_ASSERT\(.+\) failed|"
     r"Check failed: .+)$"
 )
+# libzmq's assertions (vLLM's and SGLang's ZMQ sockets), each a whole line before abort():
+# zmq_assert's `Assertion failed: check () (src/msg.cpp:347)` and errno_assert's strerror alone,
+# `Too many open files (src/epoll.cpp:38)`: a C or C++ source file's place closes the line.
+_PLACED_ASSERT = re.compile(r"^.{0,200}?\S \((?:[\w.-]+/)*[\w.-]+\.(?:c|cc|cpp|cxx|hpp):\d+\)$")
 # A Go program's panic (Ollama's server): `panic: runtime error: invalid memory address or nil
 # pointer dereference`, then `[signal SIGSEGV: ...]` and each goroutine's stack.
 _GO_PANIC = re.compile(r"^panic: \S")
@@ -652,7 +656,9 @@ def crash_form(ann: Annotated, index: int) -> str | None:
 
 
 def is_native_assert(text: str) -> bool:
-    """A C or C++ assertion's failure line (`_NATIVE_ASSERT`)."""
+    """A C or C++ assertion's failure line (`_NATIVE_ASSERT`, `_PLACED_ASSERT`)."""
+    if text.endswith(")") and _PLACED_ASSERT.match(text) is not None:
+        return True
     return "failed" in text and _NATIVE_ASSERT.match(text) is not None
 
 
