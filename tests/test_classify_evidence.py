@@ -70,6 +70,10 @@ class TestWordsOfAnyClass:
             "RuntimeError: Requested workspace (2.1 GiB) exceeds the accelerator's budget",
             # Plain memory short while loading.
             "torch.AcceleratorError: CUDA error: out of memory",
+            # A name that is none of the things it may be (SGLang 0.5.23's chat template,
+            # recorded here: corpus 520).
+            "RuntimeError: Chat template /x/t.jinja is not a built-in template name or a valid "
+            "chat template file path.",
         ],
     )
     def test_a_runtime_error_worded_deterministic_is_fatal(

@@ -77,8 +77,6 @@ KNOWN_MISSES = {
     # httpx's 429, re-raised by huggingface_hub in other words (its own status line and URL):
     # the same response, one exception earlier; transient either way.
     "533-real-sglang-hub-429.log": "httpx's 429, not huggingface_hub's re-raise of it",
-    # Before its words were read (the next commit).
-    "520-real-sglang-chat-template-missing.log": "is not a X or a valid Y: words not read",
     # SGLang, recorded here (tests/data/journals/real-sglang; first scored with 9 misses here,
     # their README). huggingface_hub's HFValidationError, re-raised by SGLang as the key's
     # OSError with the same message and one sentence less: the same words, one exception earlier.
