@@ -183,12 +183,8 @@ def loop_release(box: Container, unit: str, helper_unit: str, held: int, invocat
         box.systemctl("stop", unit, check=False)
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, b1._stop)
     out = Path(sys.argv[1])
     names = sys.argv[2:]
     (out / "work").mkdir(parents=True, exist_ok=True)

